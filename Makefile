@@ -1,0 +1,59 @@
+# perfkit — two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv when it is missing (a fast no-op when it is up to date).
+#
+# torch: the CPU build `torch==2.13.0` is installed unless the venv already has a torch.
+# On a GPU node keep your CUDA/ROCm torch by creating the venv yourself first:
+#     python3 -m venv --system-site-packages .venv   # sees the system's CUDA/ROCm torch
+# or pick another build:  make TORCH_SPEC="torch==2.13.0" TORCH_INDEX="--index-url <wheel index>"
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+STAMP       := $(VENV)/.perfkit-installed
+DEMO_DIR    ?= runs/quickstart
+
+.PHONY: venv demo test test-fast browser clean help
+
+help:
+	@echo "make demo   create .venv, run the quickstart on this machine's device, write $(DEMO_DIR)/report.html"
+	@echo "make test   create .venv and run the whole test suite, notebooks included (nbval)"
+	@echo "make clean  remove .venv and runs/"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "keeping the venv's torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	else \
+	  echo "installing $(TORCH_SPEC)"; $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)" $(TORCH_INDEX); \
+	fi
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit ($(VENV))" >/dev/null
+	@touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/perfkit run notebooks/gemm.ipynb --out $(DEMO_DIR)
+	$(VENV)/bin/perfkit report $(DEMO_DIR) -o $(DEMO_DIR)/report.html
+	@echo "demo: open $(DEMO_DIR)/report.html (executed notebooks in $(DEMO_DIR)/notebooks, rows in $(DEMO_DIR)/results)"
+
+# The unit/integration tests and the notebooks (nbval, small default parameters) in one run.
+# Rows that notebooks record when run by nbval go to a temp dir, not into the tree.
+test: venv browser
+	PERFKIT_OUT=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+
+test-fast: venv
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+
+# Headless Chromium for the report's real-browser test (Debian's package; root only).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium for the report's browser test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
+	  || echo "chromium could not be installed: the browser test will skip with the reason"; \
+	fi
+
+clean:
+	rm -rf $(VENV) runs perfkit-runs

@@ -1,0 +1,160 @@
+"""The ``perfkit`` command line. Exit 0 on success, 1 when configurations failed, 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import BadInputError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _cmd_env(args) -> int:
+    from .env import fingerprint
+
+    facts = fingerprint(args.device)
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True, default=str))
+        return EXIT_OK
+    width = max(len(k) for k in facts)
+    for key, value in facts.items():
+        if key == "env_vars":
+            value = " ".join(f"{k}={v}" for k, v in value.items()) or "(none set)"
+        print(f"{key:<{width}}  {value}")
+    return EXIT_OK
+
+
+def _parse_params(spec, pairs) -> dict:
+    from .errors import UnknownParameterError
+    from .notebooks import check_params, coerce_cli_value
+
+    raw = {}
+    for name, text in pairs or []:
+        if name not in spec.parameters:
+            raise UnknownParameterError(name, str(spec.path), spec.names)
+        raw[name] = coerce_cli_value(spec.parameters[name], text)
+    return check_params(spec, raw)
+
+
+def _cmd_run(args) -> int:
+    from .execute import execute_config
+    from .notebooks import config_id, read_notebook
+    from .status import FINISHED
+
+    spec = read_notebook(args.notebook)
+    params = _parse_params(spec, args.param)
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        raise BadInputError("--timeout-s must be positive")
+    cid = config_id(spec, params)
+    out = Path(args.out)
+    output_nb = out / "notebooks" / f"{cid}.ipynb"
+    results = out / "results" / f"{cid}.parquet"
+    shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "(defaults)"
+    print(f"perfkit run: {spec.path} {shown} → {output_nb}", file=sys.stderr)
+    outcome = execute_config(spec.path, params, config_id=cid, output_notebook=output_nb,
+                             results_path=results, timeout_s=args.timeout_s, log_output=args.log_output)
+    print(f"{outcome.status}: {cid} in {outcome.duration_s:.1f} s"
+          + (f" — {outcome.error_name}: {outcome.message}" if outcome.error_name else ""))
+    print(f"  notebook: {outcome.output_notebook}\n  results:  {outcome.results_path}")
+    return EXIT_OK if outcome.status in FINISHED - {"oom"} else EXIT_FAILED
+
+
+def _cmd_report(args) -> int:
+    from .report import write_report
+
+    path = write_report(args.dir, args.output, title=args.title)
+    print(f"report: {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return EXIT_OK
+
+
+def _cmd_peaks(args) -> int:
+    from .peaks import peaks_table
+
+    table = peaks_table(device=args.device, quick=not args.full, measure=not args.spec_only)
+    if args.out:
+        from .peaks import record_peaks
+
+        record_peaks(table, args.out)
+    if args.json:
+        print(json.dumps(table.to_dict(orient="records"), indent=2, default=str))
+        return EXIT_OK
+    from .plots import format_si
+
+    for row in table.itertuples():
+        what = row.dtype if row.kind == "compute" else row.level
+        iqr = getattr(row, "iqr", None)
+        noise = f" (IQR {format_si(iqr, row.unit)})" if iqr is not None and iqr == iqr else ""
+        print(f"{row.kind:<8} {str(what):<6} {row.origin:<12} {format_si(row.value, row.unit):>16}{noise}  [{row.source}]")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perfkit",
+        description="Performance-engineering notebook kit for PyTorch: measure, record, sweep, "
+                    "analyse and plot. Exit codes: 0 success, 1 configurations failed, 2 bad input.",
+    )
+    parser.add_argument("--version", action="version", version=f"perfkit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("env", help="print the environment fingerprint recorded with every row")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--device", default="auto", help="auto (first GPU, else CPU), cpu, cuda, cuda:N")
+    p.set_defaults(func=_cmd_env)
+
+    p = sub.add_parser("peaks", help="this machine's ceilings: measured, beside spec/theoretical")
+    p.add_argument("--json", action="store_true", help="print a JSON list of ceiling objects")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--full", action="store_true", help="the full working-set sweep (slower)")
+    p.add_argument("--spec-only", action="store_true", help="only the spec/theoretical ceilings, no measuring")
+    p.add_argument("--out", help="also record the ceilings as rows under this results directory")
+    p.set_defaults(func=_cmd_peaks)
+
+    p = sub.add_parser("run", help="execute one notebook with papermill into DIR",
+                       description="Execute NOTEBOOK once with papermill. Every -p name is checked "
+                                   "against the notebook's parameters cell before anything runs.")
+    p.add_argument("notebook", help="the .ipynb to run (it needs a cell tagged 'parameters')")
+    p.add_argument("--out", required=True, help="directory for the executed notebook and results")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="override a parameter; VALUE is a Python literal ([64, 128], 0.5, True) "
+                        "or, for a string parameter, the text as is")
+    p.add_argument("--timeout-s", type=float, default=None, help="kill the kernel after this wall time")
+    p.add_argument("--log-output", action="store_true", help="stream the notebook's output")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("report", help="write the standalone interactive HTML report of DIR")
+    p.add_argument("dir", help="a results directory (a sweep's --out, a run's --out)")
+    p.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=_cmd_report)
+
+    try:
+        from .sweep.cli import add_sweep_commands
+    except ImportError:  # the sweep engine is optional while it is being built
+        add_sweep_commands = None
+    if add_sweep_commands:
+        add_sweep_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BadInputError as exc:
+        print(f"perfkit {args.command}: error: {exc.reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("perfkit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

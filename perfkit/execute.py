@@ -1,0 +1,227 @@
+"""Execute one configuration: a parameterized notebook, run by papermill in a fresh kernel.
+
+This is the single code path every executor uses (``perfkit run``, the local sweep's workers,
+Slurm tasks): start a kernel of *this* interpreter (not whatever ``python3`` kernelspec happens
+to be first on the Jupyter path), tell it where its rows go, run the notebook with papermill,
+and classify how it ended:
+
+- an exception in a cell → ``failed`` (``oom`` for the allocator errors of perfkit.status;
+  ``skipped`` for :func:`perfkit.skip`), with the error's name, message and cell;
+- wall time over ``timeout_s`` → ``timeout``: the kernel's whole process group is killed;
+- the kernel dies on its own → ``killed``.
+
+The executed notebook is always written, papermill's error banner included; a killed kernel
+gets a banner of ours. Whatever happens, the configuration's results file ends with at least one
+row carrying its status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import status as st
+from .results import CONTEXT_ENV, RunContext, load, record
+
+__all__ = ["Outcome", "WarmKernel", "execute_config"]
+
+#: Modules imported into a warm kernel before it is handed a configuration, so a sweep of small
+#: configurations does not pay their import time on the critical path.
+PRELOAD = ("import os, sys, json", "import torch", "import perfkit")
+
+
+@dataclass(kw_only=True, frozen=True)
+class Outcome:
+    """How one configuration ended."""
+
+    config_id: str
+    status: str
+    """One of perfkit.status.STATUSES."""
+    error_name: str | None
+    message: str | None
+    cell: int | None
+    """Execution count of the failing cell, when a cell failed."""
+    output_notebook: Path
+    results_path: Path
+    started_at: float
+    """Unix time, seconds."""
+    duration_s: float
+
+
+class WarmKernel:
+    """A kernel of this interpreter, started (and optionally preloaded) before it is needed.
+
+    One kernel serves exactly one configuration: isolation of device memory and of torch's
+    global state matters more than the start-up it would save to reuse one.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                 preload: bool = True):
+        from jupyter_client.kernelspec import KernelSpec
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
+
+        self._run_sync = run_sync
+        self.km = AsyncKernelManager(kernel_name="python3")
+        # The kernel runs this interpreter: a user-level 'python3' kernelspec pointing at another
+        # Python must not silently take over (it would measure a different torch).
+        self.km._kernel_spec = KernelSpec(
+            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            display_name=f"perfkit ({sys.executable})", language="python", name="python3",
+        )
+        kernel_env = dict(os.environ)
+        kernel_env.pop(CONTEXT_ENV, None)
+        kernel_env.update(env or {})
+        kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
+        self.preloaded = False
+        if preload:
+            self.run_code("\n".join(PRELOAD))
+            self.preloaded = True
+
+    def run_code(self, code: str, timeout_s: float = 120) -> None:
+        """Run ``code`` in the kernel through a private client; raise if it fails."""
+        async def _go():
+            kc = self.km.client()
+            kc.start_channels()
+            try:
+                await kc.wait_for_ready(timeout=timeout_s)
+                reply = await kc.execute_interactive(code, timeout=timeout_s, output_hook=lambda m: None)
+            finally:
+                kc.stop_channels()
+            if reply["content"]["status"] != "ok":
+                raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
+
+        self._run_sync(_go)()
+
+    def set_context(self, ctx: RunContext) -> None:
+        self.run_code(f"import os; os.environ[{CONTEXT_ENV!r}] = {ctx.to_env()!r}")
+
+    @property
+    def pgid(self) -> int | None:
+        prov = getattr(self.km, "provisioner", None)
+        return getattr(prov, "pgid", None) or getattr(prov, "pid", None)
+
+    def kill(self) -> None:
+        """SIGKILL the kernel's process group: the kernel and anything it started (torchrun)."""
+        pgid = self.pgid
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def shutdown(self) -> None:
+        try:  # shutdown_kernel also removes the connection file
+            self._run_sync(self.km.shutdown_kernel)(now=True)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            self.kill()
+
+
+def _banner(output_notebook: Path, text: str) -> None:
+    """Put a visible note at the top of an executed notebook (papermill does this for errors)."""
+    import nbformat
+
+    if output_notebook.exists():
+        nb = nbformat.read(output_notebook, as_version=4)
+    else:
+        nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_markdown_cell(f'<span style="color:red; font-size:2em">{text}</span>')
+    cell.metadata["tags"] = ["perfkit-banner"]
+    nb.cells.insert(0, cell)
+    nbformat.write(nb, output_notebook)
+
+
+def _has_status_row(results_path: Path, status: str) -> bool:
+    if not results_path.exists():
+        return False
+    frame = load(results_path)
+    return bool((frame["status"] == status).any()) if "status" in frame else False
+
+
+def execute_config(
+    notebook: str | Path,
+    params: Mapping[str, object],
+    *,
+    config_id: str,
+    output_notebook: str | Path,
+    results_path: str | Path,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    kernel: WarmKernel | None = None,
+    log_output: bool = False,
+) -> Outcome:
+    """Run one configuration to its end and return how it ended (never raises for the run)."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    notebook, output_notebook, results_path = Path(notebook), Path(output_notebook), Path(results_path)
+    output_notebook.parent.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(results_path=results_path.resolve(), config_id=config_id, params=dict(params),
+                     notebook=notebook.name)
+    started = time.time()
+    t0 = time.monotonic()
+    fired = threading.Event()
+    kernel_ok = kernel is not None
+    status, error_name, message, cell = st.OK, None, None, None
+    watchdog = None
+    try:
+        if kernel is None:
+            kernel = WarmKernel(env=env, cwd=notebook.resolve().parent, preload=False)
+        kernel.set_context(ctx)
+
+        def _expire():
+            fired.set()
+            kernel.kill()
+
+        if timeout_s:
+            remaining = max(0.1, timeout_s - (time.monotonic() - t0))
+            watchdog = threading.Timer(remaining, _expire)
+            watchdog.daemon = True
+            watchdog.start()
+        pm.execute_notebook(
+            str(notebook), str(output_notebook), parameters=dict(params), km=kernel.km,
+            kernel_name="python3", progress_bar=False, log_output=log_output,
+            request_save_on_cell_execute=True, cwd=str(notebook.resolve().parent),
+        )
+    except PapermillExecutionError as exc:
+        status = st.TIMEOUT if fired.is_set() else st.status_for_error(exc.ename, exc.evalue)
+        error_name, message, cell = exc.ename, exc.evalue, exc.exec_count
+    except Exception as exc:  # noqa: BLE001 - a dead kernel, a broken notebook: classify, don't crash
+        name = type(exc).__name__
+        if fired.is_set():
+            status, error_name = st.TIMEOUT, "Timeout"
+            message = f"wall time exceeded timeout_s={timeout_s}; kernel killed"
+        elif name == "DeadKernelError" or (kernel_ok and name == "RuntimeError" and "died" in str(exc)):
+            status, error_name, message = st.KILLED, name, str(exc).strip() or "the kernel died"
+        else:
+            status, error_name, message = st.FAILED, name, str(exc).strip()
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if kernel is not None:
+            kernel.shutdown()
+    duration = time.monotonic() - t0
+    if status in (st.TIMEOUT, st.KILLED):
+        _banner(output_notebook, f"perfkit: this configuration ended <b>{status}</b> after "
+                f"{duration:.1f} s: {message}")
+    if status != st.OK and not _has_status_row(results_path, status):
+        reason = f"{error_name}: {message}" if error_name else message
+        if cell is not None:
+            reason = f"{reason} (cell {cell})"
+        record([{}], status=status, reason=reason, context=ctx)
+    return Outcome(config_id=config_id, status=status, error_name=error_name, message=message,
+                   cell=cell, output_notebook=output_notebook, results_path=results_path,
+                   started_at=started, duration_s=duration)
+
+
+def outcome_json(outcome: Outcome) -> str:
+    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in outcome.__dict__.items()}
+    return json.dumps(data)

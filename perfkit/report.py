@@ -1,0 +1,166 @@
+"""The standalone HTML report: every plot whose rows are present, the failures, the environment.
+
+One page, bokeh resources inlined (it opens offline, e.g. copied off a cluster node). Text taken
+from data — labels, reasons, hostnames — is HTML-escaped before it reaches the page.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import plots
+from .results import load
+
+__all__ = ["Section", "SECTIONS", "build_report", "write_report"]
+
+#: Fingerprint facts whose mix within one plot makes comparisons suspect.
+_COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip")
+
+
+@dataclass(kw_only=True, frozen=True)
+class Section:
+    """One part of the report: shown when ``select`` finds rows for it."""
+
+    title: str
+    select: Callable[[pd.DataFrame], pd.DataFrame]
+    """Rows this section draws (an empty frame hides the section)."""
+    build: Callable[[pd.DataFrame, pd.DataFrame], object]
+    """(its rows, all rows) → a holoviews object."""
+
+
+def _workload(name: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def select(df: pd.DataFrame) -> pd.DataFrame:
+        if "workload" not in df:
+            return df.iloc[0:0]
+        return df[(df["workload"] == name) & (df["status"] == "ok")]
+
+    return select
+
+
+def _gemm(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .devices import DeviceInfo, reference_ceilings
+
+    ceilings = []
+    for (kind, name), _ in rows.groupby(["env_device_kind", "env_device_name"], dropna=False):
+        info = DeviceInfo(kind=str(kind), torch_device="", name=str(name), count=1, memory_bytes=None)
+        if info.kind == "cpu" and name != _local_cpu_name():
+            continue  # the theoretical peak is computed for *this* CPU only
+        ceilings.extend(reference_ceilings(info))
+    return plots.gemm_throughput(rows, pd.DataFrame(ceilings) if ceilings else None)
+
+
+def _local_cpu_name() -> str:
+    from .devices import cpu_model_name
+
+    return cpu_model_name()
+
+
+SECTIONS: list[Section] = [
+    Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
+]
+
+
+def _cell(value) -> str:
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
+        return ""
+    return html.escape(str(value))
+
+
+def _table_html(frame: pd.DataFrame, max_rows: int = 500) -> str:
+    shown = frame.head(max_rows)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>"
+        for row in shown.itertuples(index=False)
+    )
+    more = f"<p>… {len(frame) - max_rows} more rows</p>" if len(frame) > max_rows else ""
+    return f'<table class="pk"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
+
+
+def _failures(df: pd.DataFrame) -> str:
+    bad = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
+    if bad.empty:
+        return "<h2>Failures</h2><p>Every configuration ended ok.</p>"
+    cols = [c for c in ("config_id", "notebook", "status", "reason") if c in bad]
+    params = [c for c in bad.columns if c not in cols and not c.startswith("env_") and c not in
+              {"recorded_at", "noisy"} and not c.endswith("_samples_s") and bad[c].notna().any()]
+    table = bad[cols + params[:8]].drop_duplicates(subset=["config_id", "status"] if "config_id" in bad else None)
+    counts = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in table["status"].value_counts().items())
+    return f"<h2>Failed, oom, timeout, killed and skipped configurations</h2><p>{counts}</p>{_table_html(table)}"
+
+
+def _environment(df: pd.DataFrame) -> str:
+    if "env_json" not in df:
+        return ""
+    fps = df.drop_duplicates("env_fingerprint_id")
+    warn = ""
+    mixed = [k for k in _COMPARABILITY_KEYS if k in df and df[k].nunique(dropna=False) > 1]
+    if mixed:
+        values = "; ".join(f"{k[4:]}: {', '.join(map(str, df[k].dropna().unique()))}" for k in mixed)
+        warn = (f'<p class="warn">⚠ Rows from different environments are plotted together '
+                f'({html.escape(values)}): compare them with care.</p>')
+    items = []
+    for row in fps.itertuples():
+        facts = json.loads(row.env_json)
+        facts.pop("env_vars", None)
+        pretty = ", ".join(f"{k}={v}" for k, v in facts.items() if v not in (None, ""))
+        items.append(f"<li><code>{html.escape(str(row.env_fingerprint_id))}</code>: {html.escape(pretty)}</li>")
+    return f"<h2>Environment fingerprints</h2>{warn}<ul>{''.join(items)}</ul>"
+
+
+_CSS = """<style>
+body{font-family:system-ui,sans-serif;margin:1.5em} table.pk{border-collapse:collapse;font-size:12px}
+table.pk td,table.pk th{border:1px solid #ccc;padding:2px 6px;text-align:left}
+.warn{background:#fff3cd;border:1px solid #e0b000;padding:6px}
+</style>"""
+
+
+def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
+    """A bokeh layout of the report for ``df`` (rows as :func:`perfkit.results.load` gives)."""
+    import holoviews as hv
+    from bokeh.layouts import column
+    from bokeh.models import Div
+
+    plots._hv()
+    counts = df["status"].value_counts().to_dict() if "status" in df else {}
+    summary = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in counts.items()) or "no rows"
+    n_configs = df["config_id"].nunique() if "config_id" in df else 0
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [Div(text=f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, "
+                      f"{len(df)} rows ({summary}); generated {stamp}.</p>", sizing_mode="stretch_width")]
+    shown = []
+    for section in SECTIONS:
+        rows = section.select(df)
+        if rows.empty:
+            continue
+        shown.append(section.title)
+        parts.append(Div(text=f"<h2>{html.escape(section.title)}</h2>"))
+        parts.append(hv.render(section.build(rows, df), backend="bokeh"))
+    parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
+    parts.append(Div(text=_environment(df), sizing_mode="stretch_width"))
+    layout = column(*parts)
+    layout.tags = shown
+    return layout
+
+
+def write_report(directory: str | Path, output: str | Path, *, title: str | None = None) -> Path:
+    """Load every row under ``directory`` and write the standalone report to ``output``."""
+    from bokeh.embed import file_html
+    from bokeh.resources import INLINE
+
+    df = load(directory)
+    title = title or f"perfkit report: {Path(directory).resolve().name}"
+    layout = build_report(df, title=title)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(output.suffix + ".tmp")
+    tmp.write_text(file_html(layout, resources=INLINE, title=title), encoding="utf-8")
+    tmp.replace(output)
+    return output

@@ -1,0 +1,38 @@
+"""How a configuration ended: the status vocabulary and the mapping from errors to it.
+
+Shared by the notebook runner, the sweep engine and the multi-process launcher, so that an OOM
+is an ``oom`` wherever it happens.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "FINISHED"]
+
+OK, FAILED, OOM, TIMEOUT, KILLED, SKIPPED = "ok", "failed", "oom", "timeout", "killed", "skipped"
+STATUSES = (OK, FAILED, OOM, TIMEOUT, KILLED, SKIPPED)
+#: Statuses that a resumed sweep does not run again: the outcome is a property of the
+#: configuration on this machine, not an accident (an OOM is an edge of the batch-size axis).
+FINISHED = frozenset({OK, SKIPPED, OOM})
+
+_OOM_NAMES = {"OutOfMemoryError", "MemoryError"}
+# torch's CPU allocator raises a plain RuntimeError; CUDA and HIP raise torch.OutOfMemoryError
+# (a RuntimeError subclass) whose text is kept here too for errors re-raised as RuntimeError.
+_OOM_TEXT = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory|CUDA out of memory|HIP out of memory"
+    r"|out of memory|Cannot allocate memory",
+    re.IGNORECASE,
+)
+
+
+def status_for_error(error_name: str, message: str = "") -> str:
+    """Map an exception's class name (possibly dotted) and message to a status."""
+    short = error_name.rsplit(".", 1)[-1]
+    if short == "ConfigurationSkipped":
+        return SKIPPED
+    if short in _OOM_NAMES:
+        return OOM
+    if short in {"RuntimeError", "AcceleratorError"} and _OOM_TEXT.search(message or ""):
+        return OOM
+    return FAILED

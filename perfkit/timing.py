@@ -1,0 +1,200 @@
+"""Timing: raw samples in seconds, statistics derived from them, a verdict on noise.
+
+The method follows ``torch.utils.benchmark.Timer.blocked_autorange``: calls are grouped into
+blocks long enough for the clock's resolution not to matter, each block gives one sample (block
+time / calls per block), and blocks repeat until a minimum run time is spent. Around every block
+the device is synchronized; on CUDA/ROCm the block is timed with device events so host launch
+latency is not mistaken for kernel time.
+
+The clock and the synchronization are injectable, so tests drive the timer with a fake clock
+(as torch's ``_MockTimer`` does) instead of asserting on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Measurement", "measure", "NOISY_IQR_OVER_MEDIAN"]
+
+#: A point whose IQR/median exceeds this is flagged noisy (DESIGN.md, measurement rules).
+NOISY_IQR_OVER_MEDIAN = 0.1
+
+
+def _quantile(sorted_samples: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default, 'linear'), on pre-sorted samples."""
+    if not sorted_samples:
+        return math.nan
+    position = (len(sorted_samples) - 1) * q
+    lo = math.floor(position)
+    hi = math.ceil(position)
+    return sorted_samples[lo] + (sorted_samples[hi] - sorted_samples[lo]) * (position - lo)
+
+
+@dataclass(kw_only=True, frozen=True)
+class Measurement:
+    """Per-call times of one timed callable: raw samples kept, statistics derived."""
+
+    samples_s: tuple[float, ...]
+    """Seconds per call, one sample per timed block, in the order they were taken."""
+    calls_per_sample: int = 1
+    """How many calls each sample averages over (the block size)."""
+    warmup_calls: int = 0
+    """Calls made before the first sample and discarded."""
+    label: str = ""
+    """What was timed, for display."""
+    _sorted: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not self.samples_s:
+            raise ValueError("a Measurement needs at least one sample")
+        if any(not math.isfinite(s) or s < 0 for s in self.samples_s):
+            raise ValueError(f"samples must be finite and non-negative, got {self.samples_s!r}")
+        if self.calls_per_sample < 1:
+            raise ValueError("calls_per_sample must be >= 1")
+        object.__setattr__(self, "_sorted", tuple(sorted(self.samples_s)))
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile (0-100) of the per-call time, in seconds."""
+        return _quantile(self._sorted, q / 100.0)
+
+    @property
+    def median_s(self) -> float:
+        return self.percentile(50)
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(self.samples_s)
+
+    @property
+    def min_s(self) -> float:
+        return self._sorted[0]
+
+    @property
+    def iqr_s(self) -> float:
+        return self.percentile(75) - self.percentile(25)
+
+    @property
+    def noisy(self) -> bool:
+        """True when IQR/median exceeds :data:`NOISY_IQR_OVER_MEDIAN`."""
+        median = self.median_s
+        return median > 0 and self.iqr_s / median > NOISY_IQR_OVER_MEDIAN
+
+    def as_row(self, prefix: str = "time") -> dict:
+        """Columns for a results row: median, IQR, noise flag and the raw samples, in seconds."""
+        return {
+            f"{prefix}_s": self.median_s,
+            f"{prefix}_iqr_s": self.iqr_s,
+            f"{prefix}_p10_s": self.percentile(10),
+            f"{prefix}_p90_s": self.percentile(90),
+            f"{prefix}_samples_s": list(self.samples_s),
+            f"{prefix}_calls_per_sample": self.calls_per_sample,
+            "noisy": self.noisy,
+        }
+
+    def __repr__(self) -> str:
+        flag = " NOISY" if self.noisy else ""
+        return (
+            f"Measurement({self.label or 'fn'}: median {self.median_s * 1e6:.2f} us, "
+            f"IQR {self.iqr_s * 1e6:.2f} us, {len(self.samples_s)} samples "
+            f"x {self.calls_per_sample} calls{flag})"
+        )
+
+
+class _BlockTimer:
+    """Times a block of calls; ``host`` uses a clock + synchronize, ``cuda`` uses device events."""
+
+    def __init__(self, clock: Callable[[], float], synchronize: Callable[[], None], device_events):
+        self._clock = clock
+        self._synchronize = synchronize
+        self._events = device_events
+
+    def __call__(self, fn: Callable[[], object], calls: int) -> float:
+        if self._events is not None:
+            start, end = self._events(enable_timing=True), self._events(enable_timing=True)
+            self._synchronize()
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+        self._synchronize()
+        t0 = self._clock()
+        for _ in range(calls):
+            fn()
+        self._synchronize()
+        return self._clock() - t0
+
+
+def _device_hooks(device) -> tuple[Callable[[], None], object]:
+    """Synchronize function and event class for ``device`` (a str or ``torch.device``)."""
+    kind = str(device).split(":")[0] if device is not None else "cpu"
+    if kind == "cuda":  # also ROCm/HIP: torch exposes HIP devices as "cuda"
+        import torch
+
+        return torch.cuda.synchronize, torch.cuda.Event
+    return (lambda: None), None
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    min_run_time_s: float = 0.2,
+    min_block_time_s: float = 0.01,
+    warmup_calls: int | None = None,
+    max_samples: int = 10_000,
+    device=None,
+    clock: Callable[[], float] = time.perf_counter,
+    synchronize: Callable[[], None] | None = None,
+    label: str = "",
+) -> Measurement:
+    """Time ``fn()``: warm up, choose a block size, collect samples until ``min_run_time_s``.
+
+    - Warm-up: ``warmup_calls`` calls (default: as many as fit in ``min_block_time_s``, at least
+      one), so caches, allocators and lazy initialisation are out of the timed region.
+    - Block size: doubled until one block lasts ``min_block_time_s`` (as
+      ``blocked_autorange``'s ``_estimate_block_size``), so clock resolution and per-block
+      synchronization cost are small against the block.
+    - Samples: blocks until their total reaches ``min_run_time_s`` (at least 3 samples, so an IQR
+      exists), capped at ``max_samples``.
+
+    ``device`` selects synchronization (``"cuda"``: ``torch.cuda.synchronize`` and CUDA events;
+    anything else: none). ``clock`` and ``synchronize`` override the host clock and the
+    synchronization (tests pass a fake clock; device events are then not used).
+    """
+    if min_run_time_s <= 0 or min_block_time_s <= 0:
+        raise ValueError("min_run_time_s and min_block_time_s must be positive")
+    default_sync, events = _device_hooks(device)
+    if synchronize is not None or clock is not time.perf_counter:
+        events = None  # an injected clock must be the one that is read
+    timer = _BlockTimer(clock, synchronize or default_sync, events)
+
+    # Warm-up; its first call is also the first estimate of the per-call time.
+    first = timer(fn, 1)
+    done_warmup = 1
+    if warmup_calls is None:
+        extra = 0 if first >= min_block_time_s else max(0, int(min_block_time_s / max(first, 1e-9)) - 1)
+        warmup_calls = 1 + min(extra, 1000)
+    if warmup_calls > done_warmup:
+        timer(fn, warmup_calls - done_warmup)
+
+    calls = 1
+    while True:
+        block_s = timer(fn, calls)
+        if block_s >= min_block_time_s or calls >= 1 << 20:
+            break
+        calls *= 2
+
+    samples = [block_s / calls]
+    spent = block_s
+    while (spent < min_run_time_s or len(samples) < 3) and len(samples) < max_samples:
+        block_s = timer(fn, calls)
+        spent += block_s
+        samples.append(block_s / calls)
+    return Measurement(
+        samples_s=tuple(samples), calls_per_sample=calls, warmup_calls=warmup_calls, label=label
+    )

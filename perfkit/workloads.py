@@ -1,0 +1,441 @@
+"""Training workloads on synthetic data: an MLP, a small GPT-style decoder and a small ResNet.
+
+Nothing is downloaded: every batch is generated from a seed, and each task is learnable so the
+loss visibly falls within a few optimizer steps (a check that the step really trains):
+
+- ``mlp``: regression onto a fixed random teacher (a linear map fixed by the config's seed).
+- ``transformer``: next-token prediction on arithmetic sequences ``x_t = (a + b·t) mod V``
+  (start ``a`` and stride ``b`` drawn per sequence), so the next token follows from the last two.
+- ``convnet``: classification of images that are a class prototype (fixed by the seed) plus noise.
+
+Analytic FLOP per sample count one training step (forward + backward), matmuls and convolutions
+only (bias adds, activations, norms, softmax and pooling are not counted, as
+``torch.utils.flop_counter.FlopCounterMode`` does not count them either):
+
+- transformer, per token (PaLM appendix B; nanoGPT ``estimate_mfu``):
+  ``6·N + 12·L·H·Q·T`` with N the non-embedding parameters (everything except the token and
+  position embedding tables; the lm head is *not* tied, so its matmul is in N), L layers,
+  H = n_heads, Q = head dim = d_model / n_heads, T = seq_len. The attention term counts the full
+  T×T score matrix (not halved for the causal mask), as PaLM does. Per sample: × seq_len.
+- mlp: ``6·Σ in·out`` over the linear layers (2 forward, 4 backward per weight).
+- convnet: ``3 ×`` forward FLOP, forward conv ``2·Cin·Cout·k²·Hout·Wout``, head ``2·in·out``.
+
+Convention note: the ``6·N`` / ``3×`` rules count the input gradient of the *first* layer too.
+In a real step the inputs do not require grad, so autograd skips that one matmul (the transformer
+is unaffected: its first layer's input is the embedding, which does need the gradient).
+:attr:`Workload.flop_per_sample_first_input_grad` is that term, so the executed count is
+``flop_per_sample - flop_per_sample_first_input_grad``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perfkit.errors import BadInputError
+
+__all__ = [
+    "MLPConfig",
+    "TransformerConfig",
+    "ConvNetConfig",
+    "WorkloadSpec",
+    "Workload",
+    "build",
+    "make_spec",
+]
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BadInputError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class MLPConfig:
+    """A stack of Linear+ReLU layers regressing onto a fixed random linear teacher."""
+
+    in_features: int = 64
+    """Width of the input."""
+    hidden_features: int = 128
+    """Width of every hidden layer."""
+    depth: int = 3
+    """Number of Linear layers (depth - 1 hidden activations); 1 is a single linear map."""
+    out_features: int = 16
+    """Width of the output (the teacher's output)."""
+    bias: bool = False
+    """Linear biases. Not counted in FLOP (elementwise), nor by FlopCounterMode."""
+    seed: int = 0
+    """Seeds the weight initialisation and the teacher."""
+
+    name = "mlp"
+
+    def __post_init__(self):
+        _positive(in_features=self.in_features, hidden_features=self.hidden_features,
+                  depth=self.depth, out_features=self.out_features)
+
+
+@dataclass(kw_only=True, frozen=True)
+class TransformerConfig:
+    """A GPT-style pre-LN decoder with an untied lm head."""
+
+    n_layers: int = 2
+    """Number of transformer blocks (L)."""
+    d_model: int = 64
+    """Residual width."""
+    n_heads: int = 4
+    """Attention heads (H); must divide d_model."""
+    seq_len: int = 32
+    """Tokens per sample (T)."""
+    vocab_size: int = 64
+    """Vocabulary size (V)."""
+    mlp_ratio: int = 4
+    """MLP hidden width = mlp_ratio · d_model."""
+    bias: bool = False
+    """Biases in the Linear layers and LayerNorms (nanoGPT's ``bias`` switch)."""
+    seed: int = 0
+    """Seeds the weight initialisation."""
+
+    name = "transformer"
+
+    def __post_init__(self):
+        _positive(n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
+                  seq_len=self.seq_len, vocab_size=self.vocab_size, mlp_ratio=self.mlp_ratio)
+        if self.d_model % self.n_heads:
+            raise BadInputError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
+        if self.vocab_size < 2:
+            raise BadInputError("vocab_size must be at least 2")
+
+    @property
+    def head_dim(self) -> int:
+        """Q in the PaLM formula."""
+        return self.d_model // self.n_heads
+
+
+@dataclass(kw_only=True, frozen=True)
+class ConvNetConfig:
+    """A ResNet-style net: 3×3 stem, stages of BasicBlocks, global average pool, linear head."""
+
+    in_channels: int = 3
+    """Channels of the input images."""
+    image_size: int = 16
+    """Height = width of the input images."""
+    widths: tuple[int, ...] = (16, 32)
+    """Channels of each stage; every stage after the first halves the resolution (stride 2)."""
+    blocks_per_stage: int = 1
+    """BasicBlocks per stage."""
+    n_classes: int = 10
+    """Classes of the synthetic classification task."""
+    seed: int = 0
+    """Seeds the weight initialisation and the class prototypes."""
+
+    name = "convnet"
+
+    def __post_init__(self):
+        object.__setattr__(self, "widths", tuple(self.widths))
+        _positive(in_channels=self.in_channels, image_size=self.image_size,
+                  blocks_per_stage=self.blocks_per_stage, n_classes=self.n_classes)
+        if not self.widths:
+            raise BadInputError("widths needs at least one stage")
+        _positive(**{f"widths[{i}]": w for i, w in enumerate(self.widths)})
+        if self.n_classes < 2:
+            raise BadInputError("n_classes must be at least 2")
+
+
+WorkloadSpec = MLPConfig | TransformerConfig | ConvNetConfig
+_CONFIGS = {c.name: c for c in (MLPConfig, TransformerConfig, ConvNetConfig)}
+
+
+def make_spec(name: str, **params) -> WorkloadSpec:
+    """The config of workload ``name`` from plain parameters (as a notebook's parameters cell has)."""
+    if name not in _CONFIGS:
+        raise BadInputError(f"unknown workload {name!r}; valid names: {', '.join(_CONFIGS)}")
+    try:
+        return _CONFIGS[name](**params)
+    except TypeError as err:  # an unknown keyword
+        raise BadInputError(f"workload {name!r}: {err}") from None
+
+
+@dataclass(kw_only=True, frozen=True)
+class Workload:
+    """A built workload: model, batch generator, loss and analytic counts."""
+
+    spec: WorkloadSpec
+    """The config it was built from."""
+    model: nn.Module = field(repr=False)
+    """The model, on the device and dtype given to :func:`build`."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """``loss_fn(model(inputs), targets)`` gives the scalar training loss."""
+    n_params: int
+    """All parameters (= sum of ``p.numel()``)."""
+    n_params_non_embedding: int
+    """Parameters minus the embedding tables (transformer); = n_params for the others."""
+    flop_per_sample: int
+    """Analytic FLOP of one training step (forward + backward) per sample; see module docstring."""
+    flop_per_sample_first_input_grad: int
+    """The part of flop_per_sample that is the first layer's input gradient, which autograd
+    skips when the inputs do not require grad (0 for the transformer)."""
+    tokens_per_sample: int | None
+    """seq_len for the transformer, None otherwise."""
+    _batch: Callable[..., tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
+
+    def make_batch(
+        self,
+        batch_size: int,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)`` of ``batch_size`` samples on ``device``.
+
+        Random draws come from ``generator`` or, if None, a CPU generator seeded with ``seed``
+        (default 0), and are made on the CPU, so a batch is the same on every device.
+        ``dtype`` applies to floating-point tensors; tokens and class labels stay int64.
+        """
+        _positive(batch_size=batch_size)
+        if generator is not None and seed is not None:
+            raise BadInputError("pass seed or generator, not both")
+        if generator is None:
+            generator = torch.Generator().manual_seed(0 if seed is None else seed)
+        inputs, targets = self._batch(batch_size, generator)
+        if inputs.is_floating_point():
+            inputs = inputs.to(dtype)
+        if targets.is_floating_point():
+            targets = targets.to(dtype)
+        return inputs.to(device), targets.to(device)
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        # Separate named projections (not one fused qkv) so tensor parallel plans can target them.
+        self.q_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.k_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.v_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.out_proj = nn.Linear(d, d, bias=cfg.bias)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        # -1 rather than n_heads: under tensor parallel a rank holds only its share of the heads.
+        q, k, v = (p(x).view(b, t, -1, x.shape[-1] // self.n_heads).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class _MLPBlock(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = _Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = _MLPBlock(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, tokens):
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's BasicBlock (He et al. 2016): two 3×3 convs, projection shortcut on shape change."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+def _convnet(cfg: ConvNetConfig) -> nn.Sequential:
+    layers: list[nn.Module] = [
+        nn.Conv2d(cfg.in_channels, cfg.widths[0], 3, padding=1, bias=False),
+        nn.BatchNorm2d(cfg.widths[0]),
+        nn.ReLU(),
+    ]
+    c_in = cfg.widths[0]
+    for stage, width in enumerate(cfg.widths):
+        for i in range(cfg.blocks_per_stage):
+            stride = 2 if stage > 0 and i == 0 else 1
+            layers.append(_BasicBlock(c_in, width, stride))
+            c_in = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, cfg.n_classes)]
+    return nn.Sequential(*layers)
+
+
+# --- analytic FLOP ---------------------------------------------------------------------------
+
+
+def _conv_out(size: int, k: int, stride: int, pad: int) -> int:
+    return (size + 2 * pad - k) // stride + 1
+
+
+def _convnet_forward_flop(cfg: ConvNetConfig) -> tuple[int, int]:
+    """(forward FLOP per sample, forward FLOP of the stem conv); conv = 2·Cin·Cout·k²·Hout·Wout."""
+    def conv(c_in, c_out, k, size, stride, pad):
+        out = _conv_out(size, k, stride, pad)
+        return 2 * c_in * c_out * k * k * out * out, out
+
+    stem, size = conv(cfg.in_channels, cfg.widths[0], 3, cfg.image_size, 1, 1)
+    total, c_in = stem, cfg.widths[0]
+    for stage, width in enumerate(cfg.widths):
+        for i in range(cfg.blocks_per_stage):
+            stride = 2 if stage > 0 and i == 0 else 1
+            f1, out = conv(c_in, width, 3, size, stride, 1)
+            f2, _ = conv(width, width, 3, out, 1, 1)
+            total += f1 + f2
+            if stride != 1 or c_in != width:
+                total += conv(c_in, width, 1, size, stride, 0)[0]
+            c_in, size = width, out
+    total += 2 * c_in * cfg.n_classes  # linear head; its bias add is elementwise, not counted
+    return total, stem
+
+
+# --- synthetic tasks -------------------------------------------------------------------------
+
+
+def _fixed_generator(seed: int) -> torch.Generator:
+    # Offset so the task's fixed tensors never share a stream with a batch of the same seed.
+    return torch.Generator().manual_seed(1_000_003 + seed)
+
+
+def _mlp_task(cfg: MLPConfig):
+    teacher = torch.randn(cfg.in_features, cfg.out_features, generator=_fixed_generator(cfg.seed))
+    teacher /= math.sqrt(cfg.in_features)  # keeps targets O(1)
+
+    def batch(n, gen):
+        x = torch.randn(n, cfg.in_features, generator=gen)
+        return x, x @ teacher
+
+    return batch
+
+
+def _transformer_task(cfg: TransformerConfig):
+    max_stride = max(1, min(4, cfg.vocab_size - 1))
+    t = torch.arange(cfg.seq_len + 1)
+
+    def batch(n, gen):
+        start = torch.randint(0, cfg.vocab_size, (n, 1), generator=gen)
+        stride = torch.randint(1, max_stride + 1, (n, 1), generator=gen)
+        seq = (start + stride * t) % cfg.vocab_size
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    return batch
+
+
+def _convnet_task(cfg: ConvNetConfig):
+    shape = (cfg.n_classes, cfg.in_channels, cfg.image_size, cfg.image_size)
+    prototypes = torch.randn(shape, generator=_fixed_generator(cfg.seed))
+
+    def batch(n, gen):
+        labels = torch.randint(0, cfg.n_classes, (n,), generator=gen)
+        noise = torch.randn((n, *shape[1:]), generator=gen)
+        return prototypes[labels] + 0.5 * noise, labels
+
+    return batch
+
+
+def _cross_entropy(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# --- build -----------------------------------------------------------------------------------
+
+
+def build(spec: WorkloadSpec, *, device: str | torch.device = "cpu",
+          dtype: torch.dtype = torch.float32) -> Workload:
+    """Build the workload of ``spec``: weights initialised from ``spec.seed``, on ``device``."""
+    if not isinstance(spec, (MLPConfig, TransformerConfig, ConvNetConfig)):
+        raise BadInputError(f"build needs an MLPConfig, TransformerConfig or ConvNetConfig, "
+                            f"got {type(spec).__name__}")
+    # Seed the init without disturbing the caller's global RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model, loss_fn, batch, tokens, first_grad = _build_parts(spec)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_non_emb = n_params
+    if isinstance(spec, TransformerConfig):
+        n_non_emb -= model.tok_emb.weight.numel() + model.pos_emb.weight.numel()
+        L, H, Q, T = spec.n_layers, spec.n_heads, spec.head_dim, spec.seq_len
+        flop = (6 * n_non_emb + 12 * L * H * Q * T) * T
+    elif isinstance(spec, MLPConfig):
+        flop = 6 * sum(m.in_features * m.out_features for m in model if isinstance(m, nn.Linear))
+    else:
+        forward, _ = _convnet_forward_flop(spec)
+        flop = 3 * forward
+    return Workload(
+        spec=spec,
+        model=model.to(device=device, dtype=dtype),
+        loss_fn=loss_fn,
+        n_params=n_params,
+        n_params_non_embedding=n_non_emb,
+        flop_per_sample=flop,
+        flop_per_sample_first_input_grad=first_grad,
+        tokens_per_sample=tokens,
+        _batch=batch,
+    )
+
+
+def _build_parts(spec):
+    if isinstance(spec, TransformerConfig):
+        return _GPT(spec), _cross_entropy, _transformer_task(spec), spec.seq_len, 0
+    if isinstance(spec, MLPConfig):
+        widths = [spec.in_features] + [spec.hidden_features] * (spec.depth - 1) + [spec.out_features]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            layers.append(nn.Linear(a, b, bias=spec.bias))
+            if i < spec.depth - 1:
+                layers.append(nn.ReLU())
+        # First layer's input gradient: one in·out matmul of 2 FLOP per multiply-add.
+        return nn.Sequential(*layers), F.mse_loss, _mlp_task(spec), None, 2 * widths[0] * widths[1]
+    _, stem = _convnet_forward_flop(spec)
+    # The stem conv's input gradient costs as much as its forward.
+    return _convnet(spec), _cross_entropy, _convnet_task(spec), None, stem

@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO.parent / "shared" / "reference"
+NOTEBOOKS = REPO / "notebooks"
+
+# Test helper modules in tests/ must be importable by child processes (torchrun ranks, kernels).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "tests")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+sys.path.insert(0, str(REPO / "tests"))
+
+
+@pytest.fixture
+def reference_dir():
+    if not REFERENCE.is_dir():
+        pytest.skip(f"reference data not found at {REFERENCE} (shared/ must sit beside the repo)")
+    return REFERENCE
+
+
+@pytest.fixture
+def run_context(tmp_path, monkeypatch):
+    """Point record() at a temp results file, as an executor would."""
+    from perfkit.results import CONTEXT_ENV, RunContext
+
+    ctx = RunContext(results_path=tmp_path / "results" / "cfg-1.parquet", config_id="cfg-1",
+                     params={"batch_size": 8, "precision": "bf16", "sizes": [1, 2]}, notebook="t.ipynb")
+    monkeypatch.setenv(CONTEXT_ENV, ctx.to_env())
+    return ctx

@@ -1,0 +1,84 @@
+"""The CLI on real notebooks and real papermill kernels."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import perfkit
+from conftest import NOTEBOOKS
+
+
+def perfkit_cli(*args, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "perfkit.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+def test_env_json_has_the_fingerprint():
+    out = perfkit_cli("env", "--json")
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout)
+    for key in ("python", "torch", "device_kind", "device_name", "cpu_model", "hostname", "git_sha",
+                "git_dirty", "perfkit", "env_vars"):
+        assert key in facts
+    assert facts["device_kind"] == "cpu"
+
+
+def test_env_records_perf_env_vars(monkeypatch):
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("UNRELATED_THING", "x")
+    facts = perfkit.fingerprint()
+    assert facts["env_vars"]["NCCL_ALGO"] == "Ring" and facts["env_vars"]["OMP_NUM_THREADS"] == "1"
+    assert "UNRELATED_THING" not in facts["env_vars"]
+
+
+def test_unknown_parameter_exits_2_and_runs_nothing(tmp_path):
+    out = perfkit_cli("run", NOTEBOOKS / "gemm.ipynb", "--out", tmp_path / "o", "-p", "size", "[64]")
+    assert out.returncode == 2
+    line = out.stderr.strip().splitlines()
+    assert len(line) == 1 and "unknown parameter 'size'" in line[0]
+    assert "sizes" in line[0] and "dtypes" in line[0]  # lists the valid names
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-p", "sizes", "64"], "expects list"),
+    (["-p", "min_run_time_s", "fast"], "expects float"),
+])
+def test_bad_parameter_value_exits_2(tmp_path, args, message):
+    out = perfkit_cli("run", NOTEBOOKS / "gemm.ipynb", "--out", tmp_path / "o", *args)
+    assert out.returncode == 2 and message in out.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_notebook_exits_2(tmp_path):
+    out = perfkit_cli("run", tmp_path / "nope.ipynb", "--out", tmp_path / "o")
+    assert out.returncode == 2 and "not found" in out.stderr
+
+
+@pytest.mark.slow
+def test_run_gemm_end_to_end(tmp_path):
+    out = perfkit_cli("run", NOTEBOOKS / "gemm.ipynb", "--out", tmp_path, "-p", "sizes", "[32, 64]",
+                      "-p", "dtypes", '["fp32", "tf32"]', "-p", "min_run_time_s", "0.02")
+    assert out.returncode == 0, out.stdout + out.stderr
+    executed = list((tmp_path / "notebooks").glob("gemm-*.ipynb"))
+    assert len(executed) == 1
+    nb = json.loads(executed[0].read_text())
+    assert any("injected-parameters" in c["metadata"].get("tags", []) for c in nb["cells"])
+    df = perfkit.load(tmp_path)
+    ok = df[df["status"] == "ok"]
+    assert sorted(ok["size"]) == [32, 64] and set(ok["dtype"]) == {"fp32"}
+    assert (ok["flop_per_s"] > 0).all()
+    assert (ok["flop"] == 2 * ok["size"] ** 3).all()
+    # tf32 cannot be honoured on a CPU: skipped with the reason, not silently run as fp32.
+    skipped = df[df["dtype"] == "tf32"]
+    assert set(skipped["status"]) == {"skipped"} and skipped["reason"].str.contains("tf32").all()
+    # The parameters travel with every row.
+    assert set(df["dtypes"]) == {'["fp32", "tf32"]'}
+    report = perfkit_cli("report", tmp_path, "-o", tmp_path / "report.html")
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "GEMM throughput" in html and "Bokeh" in html
+    assert "cdn.bokeh.org" not in html  # inlined: opens offline

@@ -1,0 +1,109 @@
+"""The timer, driven by a seeded fake clock: no wall-clock assertions (STYLE.md §4)."""
+
+import random
+import statistics
+
+import pytest
+
+from perfkit.timing import Measurement, measure
+
+
+class FakeClock:
+    """A clock that only moves when the timed function 'runs' (like torch's _MockTimer)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls = 0
+
+    def __call__(self):
+        return self.now
+
+    def op(self, duration_s):
+        def fn():
+            self.calls += 1
+            self.now += duration_s() if callable(duration_s) else duration_s
+        return fn
+
+
+def test_constant_op_gives_exact_samples_and_block_size():
+    clock = FakeClock()
+    m = measure(clock.op(1e-5), clock=clock, synchronize=lambda: None,
+                min_run_time_s=0.1, min_block_time_s=0.01, warmup_calls=5)
+    # Block size doubles from 1 until a block lasts >= 10 ms: 1024 calls x 10 us = 10.24 ms.
+    assert m.calls_per_sample == 1024
+    assert all(s == pytest.approx(1e-5) for s in m.samples_s)
+    # Samples are taken until their blocks add up to >= 0.1 s: ceil(0.1 / 0.01024) = 10 blocks.
+    assert len(m.samples_s) == 10
+    assert m.median_s == pytest.approx(1e-5) and m.iqr_s == pytest.approx(0, abs=1e-15)
+    assert not m.noisy
+    assert m.warmup_calls == 5
+
+
+def test_warmup_is_discarded():
+    clock = FakeClock()
+    # The first three calls are slow (lazy init, cold caches); they must not appear in samples.
+    durations = iter([1.0, 1.0, 1.0] + [1e-3] * 100_000)
+    m = measure(clock.op(lambda: next(durations)), clock=clock, synchronize=lambda: None,
+                warmup_calls=3, min_run_time_s=0.05, min_block_time_s=0.004)
+    assert max(m.samples_s) == pytest.approx(1e-3)
+
+
+def test_statistics_match_numpy_definitions():
+    rng = random.Random(1234)
+    samples = tuple(rng.uniform(1e-3, 2e-3) for _ in range(101))
+    m = Measurement(samples_s=samples)
+    ordered = sorted(samples)
+    assert m.median_s == pytest.approx(statistics.median(samples))
+    q1, q3 = statistics.quantiles(samples, n=4, method="inclusive")[0], statistics.quantiles(samples, n=4, method="inclusive")[2]
+    assert m.iqr_s == pytest.approx(q3 - q1)
+    assert m.min_s == ordered[0]
+    assert m.percentile(100) == ordered[-1]
+
+
+def test_noisy_flag_threshold():
+    # IQR/median = (1.2 - 1.0) / 1.1 ≈ 0.18 > 0.1 → noisy; a spread of 1 % → not noisy.
+    assert Measurement(samples_s=(1.0, 1.0, 1.1, 1.2, 1.2)).noisy
+    assert not Measurement(samples_s=(1.0, 1.005, 1.01, 1.0, 1.01)).noisy
+
+
+def test_seeded_jitter_is_reflected_in_iqr():
+    clock = FakeClock()
+    rng = random.Random(7)
+    m = measure(clock.op(lambda: 1e-3 * rng.choice([1.0, 1.5])), clock=clock, synchronize=lambda: None,
+                min_block_time_s=1e-9, min_run_time_s=0.2, warmup_calls=1)
+    # Blocks of one call: every sample is 1.0 or 1.5 ms, so the quartiles are too.
+    assert m.calls_per_sample == 1
+    assert set(round(s * 1e4) for s in m.samples_s) <= {10, 15}
+    assert m.iqr_s == pytest.approx(5e-4)
+    assert m.noisy
+
+
+def test_synchronize_brackets_every_block():
+    clock = FakeClock()
+    events = []
+    op = clock.op(1e-3)
+
+    def fn():
+        events.append("call")
+        op()
+
+    measure(fn, clock=clock, synchronize=lambda: events.append("sync"), min_block_time_s=1e-9,
+            min_run_time_s=0.005, warmup_calls=1)
+    # Every call sits between two synchronizations (blocks of one call here).
+    for i, e in enumerate(events):
+        if e == "call":
+            assert events[i - 1] == "sync" and events[i + 1] == "sync"
+
+
+def test_as_row_keeps_raw_samples_in_seconds():
+    m = Measurement(samples_s=(1e-3, 2e-3, 3e-3), calls_per_sample=4)
+    row = m.as_row("step")
+    assert row["step_samples_s"] == [1e-3, 2e-3, 3e-3]
+    assert row["step_s"] == pytest.approx(2e-3)
+    assert row["step_calls_per_sample"] == 4
+
+
+@pytest.mark.parametrize("bad", [(), (float("nan"),), (-1.0,)])
+def test_invalid_samples_rejected(bad):
+    with pytest.raises(ValueError):
+        Measurement(samples_s=bad)
