@@ -13,6 +13,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP       := $(VENV)/.perfkit-installed
 DEMO_DIR    ?= runs/quickstart
+DEMO_WORKERS ?= 1
 
 .PHONY: venv demo test test-fast browser clean help
 
@@ -34,8 +35,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit ($(VENV))" >/dev/null
 	@touch $(STAMP)
 
+# The quickstart sweep (templates/quickstart.yaml) on this machine's device, then its report.
+# Re-running resumes: finished configurations are not run again.
 demo: venv
-	$(VENV)/bin/perfkit run notebooks/gemm.ipynb --out $(DEMO_DIR)
+	$(VENV)/bin/perfkit sweep templates/quickstart.yaml --out $(DEMO_DIR) --workers $(DEMO_WORKERS)
 	$(VENV)/bin/perfkit report $(DEMO_DIR) -o $(DEMO_DIR)/report.html
 	@echo "demo: open $(DEMO_DIR)/report.html (executed notebooks in $(DEMO_DIR)/notebooks, rows in $(DEMO_DIR)/results)"
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import BadInputError
+from .errors import BadInputError, PerfkitError
 
 __all__ = ["main"]
 
@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         print(f"perfkit {args.command}: error: {exc.reason}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except PerfkitError as exc:
+        print(f"perfkit {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("perfkit: interrupted", file=sys.stderr)
         return 130

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +32,17 @@ from .results import CONTEXT_ENV, RunContext, load, record
 
 __all__ = ["Outcome", "WarmKernel", "execute_config"]
 
-#: Modules imported into a warm kernel before it is handed a configuration, so a sweep of small
-#: configurations does not pay their import time on the critical path.
-PRELOAD = ("import os, sys, json", "import torch", "import perfkit")
+# Runs in every kernel we start: when the process that started it dies (a sweep killed with
+# SIGKILL), the kernel kills its own process group (itself and e.g. torchrun under it) instead
+# of living on as an orphan that could still write rows after a resumed sweep re-ran its config.
+_PARENT_WATCH = """
+import os, threading, time, signal
+def _watch(parent=os.getppid()):
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)
+threading.Thread(target=_watch, daemon=True, name="perfkit-parent-watch").start()
+"""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -63,7 +71,7 @@ class WarmKernel:
     """
 
     def __init__(self, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 preload: bool = True):
+                 preload: Sequence[str] = ()):
         from jupyter_client.kernelspec import KernelSpec
         from jupyter_client.manager import AsyncKernelManager
         from jupyter_core.utils import run_sync
@@ -73,7 +81,9 @@ class WarmKernel:
         # The kernel runs this interpreter: a user-level 'python3' kernelspec pointing at another
         # Python must not silently take over (it would measure a different torch).
         self.km._kernel_spec = KernelSpec(
-            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            # log_level ERROR: ipykernel 7 warns on every start that loopback TCP is unencrypted.
+            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                  "--IPKernelApp.log_level=ERROR"],
             display_name=f"perfkit ({sys.executable})", language="python", name="python3",
         )
         kernel_env = dict(os.environ)
@@ -81,10 +91,12 @@ class WarmKernel:
         kernel_env.update(env or {})
         kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
-        self.preloaded = False
-        if preload:
-            self.run_code("\n".join(PRELOAD))
-            self.preloaded = True
+        # ``preload``: the notebook's own import statements, run before the kernel is handed a
+        # configuration so that small configurations do not pay import time on the critical path.
+        # A failing import is left for the notebook itself to report.
+        code = [f"exec({_PARENT_WATCH!r}, {{}})"]
+        code += [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
+        self.run_code("\n".join(code))
 
     def run_code(self, code: str, timeout_s: float = 120) -> None:
         """Run ``code`` in the kernel through a private client; raise if it fails."""
@@ -101,8 +113,9 @@ class WarmKernel:
 
         self._run_sync(_go)()
 
-    def set_context(self, ctx: RunContext) -> None:
-        self.run_code(f"import os; os.environ[{CONTEXT_ENV!r}] = {ctx.to_env()!r}")
+    def set_context(self, ctx: RunContext, cwd: Path) -> None:
+        """Hand the kernel its configuration: where rows go, and the notebook's directory."""
+        self.run_code(f"import os; os.environ[{CONTEXT_ENV!r}] = {ctx.to_env()!r}; os.chdir({str(cwd)!r})")
 
     @property
     def pgid(self) -> int | None:
@@ -174,8 +187,8 @@ def execute_config(
     watchdog = None
     try:
         if kernel is None:
-            kernel = WarmKernel(env=env, cwd=notebook.resolve().parent, preload=False)
-        kernel.set_context(ctx)
+            kernel = WarmKernel(env=env, cwd=notebook.resolve().parent)
+        kernel.set_context(ctx, notebook.resolve().parent)
 
         def _expire():
             fired.set()

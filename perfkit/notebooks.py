@@ -52,6 +52,8 @@ class NotebookSpec:
     code_sha256: str
     """Hash of the code cells' sources only: saving the notebook with outputs in JupyterLab
     does not change the configuration ids, editing its code does."""
+    imports: tuple[str, ...] = ()
+    """Top-level import statements of its code cells (a warm kernel runs them in advance)."""
 
     @property
     def names(self) -> list[str]:
@@ -81,7 +83,21 @@ def read_notebook(path: str | Path) -> NotebookSpec:
         raise BadInputError(f"{path} has {len(tagged)} cells tagged 'parameters'; keep exactly one")
     source = _source(tagged[0])
     digest = hashlib.sha256("\n\x00".join(_source(c) for c in code).encode()).hexdigest()
-    return NotebookSpec(path=path, parameters=_parse_parameters(source, path), code_sha256=digest)
+    imports = tuple(stmt for c in code if c is not tagged[0] for stmt in _imports(_source(c)))
+    return NotebookSpec(path=path, parameters=_parse_parameters(source, path), code_sha256=digest,
+                        imports=tuple(dict.fromkeys(imports)))
+
+
+def _imports(source: str) -> list[str]:
+    # Cell magics and shell escapes are not Python; drop those lines before parsing.
+    lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+    text = "\n".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    return [ast.get_source_segment(text, node) for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node.col_offset == 0]
 
 
 def _source(cell: dict) -> str:

@@ -128,7 +128,7 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
     from bokeh.layouts import column
     from bokeh.models import Div
 
-    plots._hv()
+    plots.hv_bokeh()
     counts = df["status"].value_counts().to_dict() if "status" in df else {}
     summary = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in counts.items()) or "no rows"
     n_configs = df["config_id"].nunique() if "config_id" in df else 0

@@ -205,15 +205,17 @@ def record(rows, *, status: str = _status.OK, reason: str | None = None,
     return frame
 
 
-def skip(reason: str) -> None:
+def skip(reason: str, *, record_row: bool = True) -> None:
     """Declare this configuration unsupported here: record a ``skipped`` row, stop the notebook.
 
     Use when the device cannot honour a setting (tf32 on CPU, fp8 before Hopper/MI300); the
-    sweep reports it as ``skipped`` with ``reason`` rather than as a failure.
+    sweep reports it as ``skipped`` with ``reason`` rather than as a failure. ``record_row=False``
+    when the notebook already recorded its ``skipped`` rows.
     """
     if not reason:
         raise BadInputError("skip() needs a reason that says what this device cannot do")
-    record([{}], status=_status.SKIPPED, reason=reason)
+    if record_row:
+        record([{}], status=_status.SKIPPED, reason=reason)
     raise ConfigurationSkipped(reason)
 
 

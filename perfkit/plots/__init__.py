@@ -1,0 +1,11 @@
+"""Plots: holoviews (bokeh) objects built from results DataFrames. No measuring, no I/O.
+
+Every function takes rows as :func:`perfkit.results.load` returns them and returns a holoviews
+object that displays in JupyterLab and renders into the standalone report. Noisy points
+(IQR/median > 0.1) are drawn hollow and say so in their hover. One module per subject.
+"""
+
+from ._common import ceiling_lines, display_scale, format_si, hv_bokeh, ok_rows
+from .gemm import gemm_throughput
+
+__all__ = ["gemm_throughput", "ceiling_lines", "display_scale", "format_si", "hv_bokeh", "ok_rows"]

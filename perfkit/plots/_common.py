@@ -1,0 +1,59 @@
+"""Shared plotting helpers: the holoviews backend, SI display scaling, ceiling lines."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale"]
+
+_ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
+
+
+def hv_bokeh():
+    import holoviews as hv
+
+    if not hv.Store.current_backend or "bokeh" not in hv.Store.renderers:
+        hv.extension("bokeh", logo=False)
+    return hv
+
+
+def format_si(value: float, unit: str) -> str:
+    """1.23e12 FLOP/s → '1.23 TFLOP/s' (display only; data stays in SI base units)."""
+    if value is None or pd.isna(value):
+        return "unknown"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"] if "status" in df else df
+
+
+def display_scale(values) -> tuple[float, str]:
+    """Factor and prefix for an axis whose largest value is max(values) (display only)."""
+    top = max((v for v in values if v == v), default=1.0)
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if top >= factor:
+            return factor, prefix
+    return 1.0, ""
+
+
+def ceiling_lines(ceilings: pd.DataFrame, dtypes, *, scale: float = 1.0, x_text: float = 1.0) -> list:
+    """Horizontal lines for the compute ceilings of ``dtypes``: solid measured, dashed spec,
+    dotted theoretical; each labelled with its value and origin (values divided by ``scale``)."""
+    hv = hv_bokeh()
+    lines = []
+    if ceilings is None or ceilings.empty:
+        return lines
+    compute = ceilings[(ceilings["kind"] == "compute") & ceilings["dtype"].isin(list(dtypes))]
+    for row in compute.itertuples():
+        label = f"{row.dtype} {row.origin} peak {format_si(row.value, 'FLOP/s')}"
+        lines.append(
+            hv.HLine(row.value / scale).opts(
+                line_dash=_ORIGIN_DASH.get(row.origin, "dashdot"), line_width=1.5, color="gray")
+        )
+        lines.append(hv.Text(x_text, row.value / scale, f" {label}", halign="left", valign="bottom",
+                             fontsize=8))
+    return lines

@@ -1,0 +1,312 @@
+"""The local sweep engine: configurations → device slots → fresh kernels → papermill.
+
+- **Resume.** The ledger says what ended. A configuration that ended ``ok``/``skipped``/``oom``
+  is done; one interrupted (no ending, or ``killed``: preempted, cancelled, kernel lost) runs
+  again; ``failed``/``timeout`` run again only with ``retry_failed``. Before an attempt, rows of
+  an earlier unfinished attempt are removed, so every configuration's rows come from exactly one
+  attempt.
+- **Slots.** ``workers`` slots run at once. On GPUs each slot owns ``devices_per_config``
+  devices (``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, disjoint); on CPU the slots split
+  the cores (``OMP_NUM_THREADS``).
+- **Kernel start-up off the critical path.** While a slot runs one configuration, its next
+  kernel starts (and imports the notebook's modules) in the background. A kernel never serves
+  two configurations.
+- **OOM is an edge.** After an ``oom`` at value v of the spec's ``oom_axis`` (batch size),
+  pending configurations equal but for a larger value are ``skipped`` without running.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import queue
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import status as st
+from ..execute import Outcome, WarmKernel, execute_config
+from ..notebooks import read_notebook
+from ..results import RunContext, record
+from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
+from .spec import Config
+
+__all__ = ["SweepResult", "plan", "run_configs", "device_slots", "RERUN_BY_DEFAULT"]
+
+#: Endings that a plain resume runs again: the run was interrupted from outside.
+RERUN_BY_DEFAULT = frozenset({RUNNING, st.KILLED})
+
+
+@dataclass(kw_only=True)
+class SweepResult:
+    out_dir: Path
+    total: int
+    """Configurations in the spec."""
+    already_done: int
+    """Configurations the ledger already had as finished (not run again)."""
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    def counts(self) -> Counter:
+        return Counter(o.status for o in self.outcomes)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every configuration run ended ok or skipped, 1 otherwise."""
+        return 0 if all(o.status in (st.OK, st.SKIPPED) for o in self.outcomes) else 1
+
+
+def plan(configs: Sequence[Config], out_dir: Path, *, retry_failed: bool = False) -> list[tuple[Config, str | None]]:
+    """Each configuration with its ledger status (None when it never ran), and whether to run."""
+    state = Ledger(out_dir).state()
+    return [(c, state[c.config_id].status if c.config_id in state else None) for c in configs]
+
+
+def _should_run(previous: str | None, retry_failed: bool) -> bool:
+    if previous is None or previous in RERUN_BY_DEFAULT:
+        return True
+    return retry_failed and previous in (st.FAILED, st.TIMEOUT)
+
+
+def _gpu_ids() -> list[str]:
+    """Visible GPU ids without initialising CUDA in this process when there are none."""
+    if not any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd")):
+        return []
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - a broken driver means: schedule on CPU
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("HIP_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(count)]
+    return ids[:count]
+
+
+def device_slots(workers: int, devices_per_config: int, gpu_ids: Sequence[str] | None = None,
+                 cores: int | None = None) -> list[dict[str, str]]:
+    """The environment of each slot: disjoint GPUs, or an equal share of the CPU cores."""
+    if workers < 1:
+        from ..errors import BadInputError
+
+        raise BadInputError("--workers must be at least 1")
+    gpu_ids = _gpu_ids() if gpu_ids is None else list(gpu_ids)
+    if gpu_ids:
+        n = min(workers, len(gpu_ids) // devices_per_config)
+        if n == 0:
+            from ..errors import BadInputError
+
+            raise BadInputError(f"a configuration needs {devices_per_config} GPUs but only "
+                                f"{len(gpu_ids)} are visible")
+        slots = []
+        for i in range(n):
+            ids = ",".join(gpu_ids[i * devices_per_config:(i + 1) * devices_per_config])
+            slots.append({"CUDA_VISIBLE_DEVICES": ids, "HIP_VISIBLE_DEVICES": ids, "PERFKIT_SLOT": f"gpu:{ids}"})
+        return slots
+    cores = cores or len(os.sched_getaffinity(0))
+    threads = max(1, cores // workers)
+    return [{"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+             "PERFKIT_SLOT": f"cpu:{i}/{workers}x{threads}"} for i in range(workers)]
+
+
+class _OomEdges:
+    """Remembers OOMs along each configuration's ``oom_axis`` and answers 'is this past one?'."""
+
+    def __init__(self):
+        self._edges: list[tuple[Config, object]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _rest(c: Config) -> tuple:
+        return (str(c.notebook), sorted((k, repr(v)) for k, v in c.params.items() if k != c.oom_axis))
+
+    def add(self, c: Config) -> None:
+        if c.oom_axis and c.oom_axis in c.params:
+            with self._lock:
+                self._edges.append((c, c.params[c.oom_axis]))
+
+    def past_edge(self, c: Config) -> object | None:
+        if not c.oom_axis or c.oom_axis not in c.params:
+            return None
+        value = c.params[c.oom_axis]
+        with self._lock:
+            for edge, edge_value in self._edges:
+                try:
+                    if self._rest(edge) == self._rest(c) and value >= edge_value:
+                        return edge_value
+                except TypeError:
+                    continue
+        return None
+
+
+class _Slot:
+    """One device slot: runs configurations one after another, warming the next kernel."""
+
+    def __init__(self, name: str, env: dict[str, str], preload: Sequence[str]):
+        self.name = name
+        self.env = env
+        self.preload = tuple(preload)
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"warm-{name}")
+        self._next: cf.Future | None = None
+        self.current: WarmKernel | None = None
+
+    def warm(self) -> None:
+        if self._next is None:
+            self._next = self._pool.submit(WarmKernel, env=self.env, preload=self.preload)
+
+    def take(self) -> WarmKernel:
+        self.warm()
+        future, self._next = self._next, None
+        return future.result()
+
+    def close(self) -> None:
+        if self._next is not None:
+            try:
+                self._next.result().shutdown()
+            except Exception:  # noqa: BLE001 - a kernel that failed to start has nothing to close
+                pass
+        self._pool.shutdown(wait=False)
+
+
+def run_configs(
+    configs: Sequence[Config],
+    out_dir: str | Path,
+    *,
+    workers: int = 1,
+    retry_failed: bool = False,
+    on_start: Callable[[int, int], None] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    slots_env: Sequence[dict[str, str]] | None = None,
+) -> SweepResult:
+    """Run what the ledger says is not done, ``workers`` at a time; see the module docstring."""
+    out_dir = Path(out_dir).resolve()
+    t0 = time.monotonic()
+    with SweepLock(out_dir):
+        ledger = Ledger(out_dir)
+        planned = plan(configs, out_dir, retry_failed=retry_failed)
+        todo = [c for c, prev in planned if _should_run(prev, retry_failed)]
+        attempts = {e.config_id: e.attempt for e in ledger.state().values()}
+        result = SweepResult(out_dir=out_dir, total=len(configs), already_done=len(configs) - len(todo))
+        if on_start:
+            on_start(len(todo), result.already_done)
+        if not todo:
+            return result
+        devices = max(c.devices for c in todo)
+        envs = list(slots_env) if slots_env is not None else device_slots(workers, devices)
+        preload = tuple(dict.fromkeys(s for nb in {c.notebook for c in todo} for s in read_notebook(nb).imports))
+        pending: queue.Queue[Config] = queue.Queue()
+        for c in todo:
+            pending.put(c)
+        edges = _OomEdges()
+        lock = threading.Lock()
+        stop = threading.Event()
+        slots = [_Slot(env["PERFKIT_SLOT"], env, preload) for env in envs[:max(1, min(len(envs), len(todo)))]]
+        for slot in slots:
+            slot.warm()
+
+        def finish(outcome: Outcome, c: Config, entry: LedgerEntry) -> None:
+            ledger.append(LedgerEntry(**{**entry.__dict__, "status": outcome.status, "end": time.time(),
+                                         "duration_s": outcome.duration_s, "error_name": outcome.error_name,
+                                         "message": outcome.message, "cell": outcome.cell}))
+            if outcome.status == st.OOM:
+                edges.add(c)
+            with lock:
+                result.outcomes.append(outcome)
+            if on_outcome:
+                on_outcome(outcome)
+
+        def work(slot: _Slot) -> None:
+            while not stop.is_set():
+                try:
+                    c = pending.get_nowait()
+                except queue.Empty:
+                    return
+                output_nb = out_dir / "notebooks" / f"{c.config_id}.ipynb"
+                results_path = out_dir / "results" / f"{c.config_id}.parquet"
+                results_path.unlink(missing_ok=True)  # rows of an unfinished earlier attempt
+                entry = LedgerEntry(config_id=c.config_id, status=RUNNING, attempt=attempts.get(c.config_id, 0) + 1,
+                                    notebook=str(c.notebook), params=c.params, start=time.time(),
+                                    output_notebook=str(output_nb), results_path=str(results_path),
+                                    host=os.uname().nodename, pid=os.getpid(), slot=slot.name)
+                edge = edges.past_edge(c)
+                if edge is not None:
+                    reason = f"{c.oom_axis}={c.params[c.oom_axis]!r} is past the OOM edge at {edge!r}"
+                    ctx = RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
+                                     notebook=c.notebook.name)
+                    record([{}], status=st.SKIPPED, reason=reason, context=ctx)
+                    ledger.append(entry)
+                    finish(Outcome(config_id=c.config_id, status=st.SKIPPED, error_name="OomEdge", message=reason,
+                                   cell=None, output_notebook=output_nb, results_path=results_path,
+                                   started_at=time.time(), duration_s=0.0), c, entry)
+                    continue
+                kernel = slot.take()
+                if stop.is_set():
+                    kernel.shutdown()
+                    return
+                slot.current = kernel
+                if not pending.empty():
+                    slot.warm()  # the next kernel starts while this configuration runs
+                ledger.append(entry)
+                outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
+                                         results_path=results_path, timeout_s=c.timeout_s, kernel=kernel)
+                slot.current = None
+                if stop.is_set() and outcome.status != st.OK:
+                    outcome = Outcome(**{**outcome.__dict__, "status": st.KILLED, "error_name": "Interrupted",
+                                         "message": "the sweep was interrupted; it runs again on resume"})
+                finish(outcome, c, entry)
+
+        # Completion is tracked with events, not Thread.is_alive(): a KeyboardInterrupt landing in
+        # Thread.join() can leave a running thread reported as stopped (CPython bpo-45274).
+        done = [threading.Event() for _ in slots]
+
+        def run_slot(slot: _Slot, finished: threading.Event) -> None:
+            try:
+                work(slot)
+            finally:
+                finished.set()
+
+        threads = [threading.Thread(target=run_slot, args=(s, d), name=f"slot-{s.name}", daemon=True)
+                   for s, d in zip(slots, done)]
+        previous_term = _raise_on_sigterm()
+        try:
+            for t in threads:
+                t.start()
+            while not all(d.is_set() for d in done):
+                for d in done:
+                    d.wait(timeout=0.2)
+        except KeyboardInterrupt:
+            stop.set()
+            deadline = time.monotonic() + 30
+            while not all(d.is_set() for d in done) and time.monotonic() < deadline:
+                for slot in slots:  # again each round: a slot may have just taken a kernel
+                    if slot.current is not None:
+                        slot.current.kill()
+                time.sleep(0.1)
+            raise
+        finally:
+            _restore_sigterm(previous_term)
+            for slot in slots:
+                slot.close()
+        result.wall_time_s = time.monotonic() - t0
+        return result
+
+
+def _raise_on_sigterm():
+    """SIGTERM (Slurm's, a job scheduler's) ends the sweep like Ctrl-C: kernels killed, ledger kept."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
+

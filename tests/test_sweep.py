@@ -1,0 +1,242 @@
+"""The sweep engine with real papermill kernels: failure classes, resume, locking, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import perfkit
+import perfkit.sweep
+from perfkit.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
+from perfkit.sweep.engine import device_slots
+
+MODES = Path(__file__).parent / "notebooks" / "modes.ipynb"
+TRIVIAL = Path(__file__).parent / "notebooks" / "trivial.ipynb"
+
+
+def sweep_cli(*args, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def write_spec(tmp_path, spec: dict, name="spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def final_events(out):
+    return [e for e in Ledger(out).events() if e.status != "running"]
+
+
+@pytest.mark.slow
+def test_failure_classes_each_for_real(tmp_path):
+    spec = SweepSpec(parts=(
+        SweepPart(notebook=MODES, timeout_s=300,
+                  grid={"mode": ["ok", "raise", "memory_error", "cpu_oom", "die", "skip", "write_then_raise"]}),
+        SweepPart(notebook=MODES, parameters={"sleep_s": 120.0}, timeout_s=8, grid={"mode": ["sleep"]}),
+    ))
+    t0 = time.monotonic()
+    result = run_sweep(spec, tmp_path, workers=2, progress=False)
+    elapsed = time.monotonic() - t0
+    by_mode = {o.config_id: o for o in result.outcomes}
+    cfgs = {c.params["mode"]: c.config_id for c in expand(spec)}
+    status = {mode: by_mode[cid].status for mode, cid in cfgs.items()}
+    assert status == {"ok": "ok", "raise": "failed", "memory_error": "oom", "cpu_oom": "oom", "sleep": "timeout",
+                      "die": "killed", "skip": "skipped", "write_then_raise": "failed"}
+    raised = by_mode[cfgs["raise"]]
+    assert raised.error_name == "ValueError" and "boom at batch_size=1" in raised.message
+    assert raised.cell is not None
+    # The kernel of the sleeping configuration was killed within its limit + 10 s.
+    assert by_mode[cfgs["sleep"]].duration_s < 8 + 10
+    assert elapsed < 120  # nothing waited for the 120 s sleep
+    # The executed notebook of a failed configuration is kept, with papermill's error banner.
+    nb = json.loads(raised.output_notebook.read_text())
+    assert any("An Exception was encountered" in "".join(c["source"]) for c in nb["cells"])
+    killed_nb = json.loads(by_mode[cfgs["die"]].output_notebook.read_text())
+    assert "killed" in "".join(killed_nb["cells"][0]["source"])
+    # Every configuration leaves at least one row carrying its status.
+    df = perfkit.load(tmp_path)
+    for mode, cid in cfgs.items():
+        rows = df[df["config_id"] == cid]
+        assert status[mode] in set(rows["status"]), mode
+        assert (rows["mode"] == mode).all()
+    partial = df[df["config_id"] == cfgs["write_then_raise"]]
+    assert sorted(partial["status"]) == ["failed", "ok"]  # its row, then the failure row
+    assert "KeyError" in partial[partial["status"] == "failed"]["reason"].iloc[0]
+    assert result.exit_code == 1
+
+
+@pytest.mark.slow
+def test_oom_ends_the_batch_size_axis(tmp_path):
+    spec = SweepSpec(parts=(SweepPart(notebook=MODES, parameters={"mode": "oom_if_big"},
+                                      grid={"batch_size": [1, 2, 4, 8, 16]}),))
+    result = run_sweep(spec, tmp_path, workers=1, progress=False)
+    statuses = {o.config_id: o.status for o in result.outcomes}
+    by_bs = {c.params["batch_size"]: statuses[c.config_id] for c in expand(spec)}
+    assert by_bs == {1: "ok", 2: "ok", 4: "oom", 8: "skipped", 16: "skipped"}
+    df = perfkit.load(tmp_path)
+    assert df[df["batch_size"] == 8]["reason"].iloc[0] == "batch_size=8 is past the OOM edge at 4"
+
+
+@pytest.mark.slow
+def test_resume_and_retry_failed(tmp_path):
+    spec = write_spec(tmp_path, {"notebook": str(MODES), "grid": {"mode": ["ok", "raise"]}})
+    out = tmp_path / "out"
+    first = sweep_cli(spec, "--out", out, "--quiet")
+    assert first.returncode == 1, first.stderr
+    assert "failed" in first.stdout and "ValueError" in first.stdout
+    again = sweep_cli(spec, "--out", out, "--quiet")
+    assert again.returncode == 0 and "0 run" in again.stdout and "2 already done" in again.stdout
+    retry = sweep_cli(spec, "--out", out, "--quiet", "--retry-failed")
+    assert retry.returncode == 1 and "1 run" in retry.stdout
+    attempts = [e.attempt for e in final_events(out) if e.params["mode"] == "raise"]
+    assert attempts == [1, 2]
+    # Rows hold the latest attempt only: one failure row, not two.
+    df = perfkit.load(out)
+    assert len(df[df["mode"] == "raise"]) == 1
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume(tmp_path):
+    spec = write_spec(tmp_path, {"notebook": str(MODES), "parameters": {"mode": "sleep", "sleep_s": 1.5},
+                                 "grid": {"batch_size": list(range(1, 9))}})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(out),
+                             "--workers", "2", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if sum(e.status == "ok" for e in final_events(out)) >= 2:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("the sweep made no progress")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    done_before = {e.config_id for e in final_events(out) if e.status == "ok"}
+    assert 2 <= len(done_before) < 8
+    resumed = sweep_cli(spec, "--out", out, "--workers", "2", "--quiet")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    oks = [e.config_id for e in final_events(out) if e.status == "ok"]
+    assert len(oks) == 8 and len(set(oks)) == 8  # every configuration ended ok exactly once
+    assert done_before.isdisjoint({e.config_id for e in final_events(out)
+                                   if e.status == "ok" and e.attempt > 1 and e.config_id in done_before})
+    df = perfkit.load(out)  # every results file loads
+    assert sorted(df["batch_size"]) == list(range(1, 9))  # one row per configuration: none lost, none twice
+    assert set(df["status"]) == {"ok"}
+    time.sleep(1.5)  # orphaned kernels of the killed sweep kill themselves (parent watch)
+    assert len(perfkit.load(out)) == 8
+
+
+@pytest.mark.slow
+def test_second_sweep_on_the_same_dir_is_refused(tmp_path):
+    spec = write_spec(tmp_path, {"notebook": str(MODES), "parameters": {"mode": "sleep", "sleep_s": 20.0},
+                                 "grid": {"batch_size": [1]}})
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(out), "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e.status == "running" for e in Ledger(out).events()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = sweep_cli(spec, "--out", out, "--quiet", timeout=60)
+        assert second.returncode == 2
+        assert "another sweep is running" in second.stderr and f"pid {first.pid}" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)  # ends like Ctrl-C: kernel killed, ledger kept
+        first.wait(timeout=60)
+    events = list(Ledger(out).events())
+    assert events[-1].status == "killed" and "interrupted" in events[-1].message
+
+
+@pytest.mark.slow
+def test_string_parameter_is_injected_as_a_literal(tmp_path):
+    nasty = 'a"b\'c\nimport os; os._exit(3)\n"""\n\'\'\'\n{x}\\n'
+    spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"label": [nasty, "plain"]}),))
+    result = run_sweep(spec, tmp_path, progress=False)
+    assert {o.status for o in result.outcomes} == {"ok"}
+    df = perfkit.load(tmp_path)
+    assert set(df["label_seen"]) == {nasty, "plain"}
+
+
+BAD_SPECS = {
+    "unknown name": ({"notebook": str(MODES), "grid": {"modee": ["ok"]}}, "unknown parameter 'modee'"),
+    "wrong type": ({"notebook": str(MODES), "grid": {"batch_size": ["big"]}}, "expects int"),
+    "empty grid": ({"notebook": str(MODES), "grid": {"mode": []}}, "is empty"),
+    "duplicate": ({"notebook": str(MODES), "grid": {"mode": ["ok", "ok"]}}, "duplicate configuration"),
+    "missing notebook": ({"notebook": "nope.ipynb", "grid": {"mode": ["ok"]}}, "not found"),
+    "no parameters cell": ({"notebook": "noparams.ipynb", "grid": {"x": [1]}}, "no cell tagged 'parameters'"),
+    "unknown key": ({"notebook": str(MODES), "grids": {"mode": ["ok"]}}, "unknown key"),
+    "bad timeout": ({"notebook": str(MODES), "grid": {"mode": ["ok"]}, "timeout_s": -1}, "timeout_s"),
+    "all excluded": ({"notebook": str(MODES), "grid": {"mode": ["ok"]}, "exclude": [{"mode": "ok"}]}, "excluded"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_input_exits_2_before_anything_runs(tmp_path, case):
+    spec, message = BAD_SPECS[case]
+    nb = json.loads(TRIVIAL.read_text())
+    for cell in nb["cells"]:
+        cell["metadata"]["tags"] = []
+    (tmp_path / "noparams.ipynb").write_text(json.dumps(nb))
+    path = write_spec(tmp_path, spec)
+    out = sweep_cli(path, "--out", tmp_path / "out", timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text,message", [("notebook: [unclosed", "malformed YAML"),
+                                          ("- just\n- a list", "YAML mapping"),
+                                          ("!!python/object/apply:os.system ['echo pwned']", "malformed YAML")])
+def test_malformed_yaml_exits_2(tmp_path, text, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    out = sweep_cli(path, "--out", tmp_path / "out", timeout=60)
+    assert out.returncode == 2 and message in out.stderr and "pwned" not in out.stdout
+
+
+def test_dry_run_prints_the_table_and_runs_nothing(tmp_path):
+    spec = write_spec(tmp_path, {"notebook": str(MODES), "grid": {"mode": ["ok", "raise"], "batch_size": [1, 2]},
+                                 "exclude": [{"mode": "raise", "batch_size": 2}]})
+    out = sweep_cli(spec, "--out", tmp_path / "out", "--dry-run", timeout=60)
+    assert out.returncode == 0
+    assert out.stdout.count("modes-") == 3 and "3 to run" in out.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_list_parameters_in_a_grid_need_lists(tmp_path):
+    gemm = Path(__file__).parents[1] / "notebooks" / "gemm.ipynb"
+    spec = write_spec(tmp_path, {"notebook": str(gemm), "grid": {"sizes": [64, 128]}})
+    out = sweep_cli(spec, "--out", tmp_path / "out", timeout=60)
+    assert out.returncode == 2 and "each value must itself be a list" in out.stderr
+
+
+def test_device_slots_are_disjoint():
+    gpus = device_slots(4, 2, gpu_ids=["0", "1", "2", "3", "4", "5", "6", "7"])
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in gpus] == ["0,1", "2,3", "4,5", "6,7"]
+    assert all(s["HIP_VISIBLE_DEVICES"] == s["CUDA_VISIBLE_DEVICES"] for s in gpus)
+    assert len(device_slots(8, 4, gpu_ids=[str(i) for i in range(8)])) == 2  # capped by the GPUs
+    cpus = device_slots(2, 1, gpu_ids=[], cores=16)
+    assert [s["OMP_NUM_THREADS"] for s in cpus] == ["8", "8"]
+
+
+def test_perfkit_new_scaffolds_a_runnable_pair(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "perfkit.cli", "new", "mybench", "--dir", tmp_path],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    spec = yaml.safe_load((tmp_path / "mybench.yaml").read_text())
+    assert spec["notebook"] == "mybench.ipynb"
+    configs = expand(perfkit.sweep.load_spec(tmp_path / "mybench.yaml"))
+    assert len(configs) == 6
+    again = subprocess.run([sys.executable, "-m", "perfkit.cli", "new", "mybench", "--dir", tmp_path],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "exists" in again.stderr
