@@ -21,6 +21,7 @@ def format_si(value: float, unit: str) -> str:
     """1.23e12 FLOP/s → '1.23 TFLOP/s' (display only; data stays in SI base units)."""
     if value is None or pd.isna(value):
         return "unknown"
+    unit = {"bytes/s": "B/s", "bytes": "B"}.get(unit, unit)
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}{unit}"

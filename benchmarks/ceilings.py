@@ -1,0 +1,149 @@
+"""perfkit's measured ceilings against the references they must match, measured in the same run.
+
+(a) FP32 compute: perfkit's ceiling (best ``torch.matmul`` over its shapes, perfkit.timing)
+    ÷ the best ``torch.utils.benchmark.Timer.blocked_autorange`` over the same shapes.
+    Goal >= 0.95.
+(b) DRAM bandwidth: perfkit's DRAM plateau (C++ OpenMP triad) ÷ a STREAM triad written in C,
+    compiled here with ``gcc -O3 -march=native -fopenmp`` in a temporary directory, its arrays
+    sized by STREAM's rule (each >= 4x the last-level cache). Goal >= 0.90.
+Each is also given as a fraction of the theoretical peak where one is known.
+
+Timings on a shared machine are only comparable within one run (DESIGN.md), so the two sides
+alternate (A B B A A B) and each side keeps its best round. Run: ``python benchmarks/ceilings.py``
+(``--full`` for the full bandwidth sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch
+import torch.utils.benchmark as tb
+
+from perfkit import ceilings, devices
+
+_STREAM_C = textwrap.dedent(r"""
+    /* STREAM triad, as McCalpin's stream.c does it: a[j] = b[j] + scalar*c[j], 24 bytes/element. */
+    #include <omp.h>
+    #include <stdio.h>
+    #include <stdlib.h>
+    int main(int argc, char **argv) {
+        long n = atol(argv[1]); int ntimes = atoi(argv[2]);
+        double *a = aligned_alloc(64, n * sizeof(double)), *b = aligned_alloc(64, n * sizeof(double)),
+               *c = aligned_alloc(64, n * sizeof(double)), scalar = 3.0;
+        #pragma omp parallel for schedule(static)
+        for (long j = 0; j < n; j++) { a[j] = 1.0; b[j] = 2.0; c[j] = 0.0; }
+        for (int k = 0; k < ntimes; k++) {
+            double t = omp_get_wtime();
+            #pragma omp parallel for schedule(static)
+            for (long j = 0; j < n; j++) a[j] = b[j] + scalar * c[j];
+            printf("%.9f\n", omp_get_wtime() - t);
+        }
+        if (a[n / 2] != 2.0) { fprintf(stderr, "triad result wrong\n"); return 1; }
+        return 0;
+    }
+""")
+
+
+def _perfkit_fp32(shapes) -> float:
+    rows = ceilings.measure_matmul_throughput("cpu", dtypes=["fp32"], shapes=shapes)
+    return float(rows["flop_per_s"].max())
+
+
+def _timer_fp32(shapes) -> float:
+    best = 0.0
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        # Timer runs single-threaded unless told (num_threads defaults to 1): give it perfkit's pool.
+        t = tb.Timer("torch.matmul(a, b)", globals={"torch": torch, "a": a, "b": b},
+                     num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=0.2)
+        best = max(best, 2 * m * n * k / t.median)
+    return best
+
+
+def _dram_plateau(quick: bool) -> tuple[float, int, int]:
+    """perfkit's DRAM ceiling from its own sweep, and the plateau's working-set span."""
+    curve = ceilings.measure_bandwidth_curve("cpu", quick=quick)
+    levels = ceilings.detect_levels(curve, cache_sizes=ceilings.cpu_cache_sizes())
+    dram = levels[levels["level"] == "DRAM"]
+    if dram.empty:
+        raise SystemExit(f"no DRAM plateau found; levels: {levels['level'].tolist()}")
+    row = dram.iloc[0]
+    return float(row.bytes_per_s), int(row.working_set_min_bytes), int(row.working_set_max_bytes)
+
+
+def _perfkit_dram_round(lo: int, hi: int) -> float:
+    """One more perfkit measurement of the plateau: median over its points, as detect_levels."""
+    curve = ceilings.measure_bandwidth_curve("cpu", min_working_set_bytes=lo, max_working_set_bytes=hi,
+                                             points_per_octave=2, min_run_time_s=0.3)
+    return float(curve["bytes_per_s"].median())
+
+
+def _stream_c(exe: Path, n: int, ntimes: int = 10) -> tuple[float, float]:
+    out = subprocess.run([str(exe), str(n), str(ntimes)], check=True, capture_output=True, text=True).stdout
+    times = [float(t) for t in out.split()][1:]  # stream.c skips the first iteration
+    return 24 * n / statistics.median(times), 24 * n / min(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="full bandwidth sweep (slower)")
+    args = parser.parse_args(argv)
+    quick = not args.full
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
+
+    shapes = [(n, n, n) for n in (512, 1024, 2048)]
+    perfkit_runs, timer_runs = [], []
+    for order in ("AB", "BA", "AB"):
+        for side in order:
+            (perfkit_runs if side == "A" else timer_runs).append(
+                _perfkit_fp32(shapes) if side == "A" else _timer_fp32(shapes))
+    ours, ref = max(perfkit_runs), max(timer_runs)
+    peak = devices.cpu_theoretical_peak()
+    fp32_peak = peak.flop_per_s["fp32"]
+    print("\n(a) FP32 compute ceiling, best over", shapes)
+    print(f"    perfkit          {ours / 1e9:8.1f} GFLOP/s   rounds {[round(r / 1e9, 1) for r in perfkit_runs]}")
+    print(f"    Timer reference  {ref / 1e9:8.1f} GFLOP/s   rounds {[round(r / 1e9, 1) for r in timer_runs]}")
+    print(f"    ratio perfkit/Timer = {ours / ref:.3f}   (goal >= 0.95)")
+    print(f"    of theoretical {fp32_peak / 1e9:.1f} GFLOP/s ({peak.cores} cores x {peak.clock_hz / 1e9:.2f} GHz "
+          f"[{peak.clock_source}] x {peak.flop_per_cycle_per_core['fp32']} FLOP/cycle): "
+          f"perfkit {ours / fp32_peak:.2f}, Timer {ref / fp32_peak:.2f}")
+
+    llc = max(ceilings.cpu_cache_sizes().values(), default=256 << 20)
+    n_rule = max(4 * llc // 8, 10_000_000)  # STREAM's rule: each array >= 4x the caches
+    sweep_value, lo, hi = _dram_plateau(quick)
+    n_same = hi // 24  # the largest working set of perfkit's plateau: calls of the same length
+    ours, ref_rule, ref_same = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp, "stream_triad.c"), Path(tmp, "stream_triad")
+        src.write_text(_STREAM_C)
+        subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", str(src), "-o", str(exe)], check=True)
+        # Contention on a shared machine comes and goes: alternate (B A A B ...), keep each
+        # side's best round.
+        for side in "BAABBA":
+            if side == "A":
+                ours.append(_perfkit_dram_round(lo, hi))
+            else:
+                ref_rule.append(_stream_c(exe, n_rule)[0])
+                ref_same.append(_stream_c(exe, n_same)[0])
+    gb = lambda values: [round(v / 1e9, 2) for v in values]  # noqa: E731
+    print(f"\n(b) DRAM bandwidth (triad, 24 B/element, medians); perfkit plateau {lo / 2**20:.0f}-{hi / 2**20:.0f} MiB")
+    print(f"    perfkit sweep's DRAM ceiling {sweep_value / 1e9:6.2f} GB/s; rounds on the plateau {gb(ours)}")
+    print(f"    C STREAM, arrays {3 * n_rule * 8 / 2**30:.2f} GiB total (STREAM's rule): rounds {gb(ref_rule)}")
+    print(f"    C STREAM, arrays {3 * n_same * 8 / 2**30:.2f} GiB total (perfkit's largest): rounds {gb(ref_same)}")
+    print(f"    ratio perfkit/STREAM, best rounds (goal >= 0.90): vs STREAM's rule {max(ours) / max(ref_rule):.3f}, "
+          f"vs same size {max(ours) / max(ref_same):.3f}; the sweep's ceiling / best STREAM {sweep_value / max(ref_rule):.3f}")
+    print("    of theoretical DRAM peak: unknown (channels x MT/s x 8 B; the memory configuration is not "
+          "readable here: no DMI tables in this VM)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+"""Measured ceilings: the best matmul throughput per dtype, and bandwidth per memory level.
+
+- Compute: the best ``torch.matmul`` FLOP/s over a few shapes per dtype, FLOP = 2·M·N·K.
+- Memory: STREAM kernels (McCalpin, https://www.cs.virginia.edu/stream/) over working sets from
+  KiB to past the last-level cache; the curve's plateaus are found and named (L1, L2, L3, DRAM or
+  HBM) as the Empirical Roofline Toolkit does (Lo et al., PMBS 2014). On CPU the kernels are C++
+  with OpenMP (``csrc/stream_kernels.cpp``, built at first use): a torch-op triad reaches ~60% of
+  what a C STREAM triad reaches on a 2-core Xeon, and the roof must be the machine's, not torch's.
+
+Bytes follow stream.c's convention: reads + writes, no write-allocate traffic; per element copy
+and scale move 2 words, add and triad 3. ``working_set_bytes`` is the size of all arrays the
+kernel touches. :func:`measure_ceilings` returns the ceilings table shared with the roofline
+analysis (``origin="measured"``); spec ceilings are appended elsewhere (``perfkit.devices``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import math
+import os
+import platform
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from .devices import resolve_device
+from .errors import BadInputError, PerfkitError
+from .gemm import gemm_flop
+from .timing import NOISY_IQR_OVER_MEDIAN, measure
+
+__all__ = [
+    "CEILING_COLUMNS",
+    "STREAM_KERNELS",
+    "ExtensionBuildError",
+    "compute_dtypes",
+    "cpu_cache_sizes",
+    "detect_levels",
+    "load_stream_extension",
+    "measure_bandwidth_curve",
+    "measure_ceilings",
+    "measure_matmul_throughput",
+]
+
+#: Columns of the ceilings table, shared with the roofline analysis and the spec rows.
+CEILING_COLUMNS = ("kind", "dtype", "level", "value", "unit", "origin", "source", "method", "iqr",
+                   "noisy", "working_set_bytes")
+
+#: Words moved per element (stream.c's ``bytes[]``: 2, 2, 3, 3 × sizeof(STREAM_TYPE)); also the
+#: number of arrays each kernel touches.
+STREAM_KERNELS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
+_SCALAR = 3.0  # stream.c's scalar
+
+_GPU_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 2048))
+# CPU sizes stay small: half precision without matrix units runs at a few GFLOP/s.
+_SHAPES = {
+    ("cpu", True): {"fp64": (512, 1024), "fp32": (512, 1024, 2048), "bf16": (256, 512)},
+    ("cpu", False): {"fp64": (512, 1024, 2048), "fp32": (512, 1024, 2048, 4096), "bf16": (256, 512, 1024)},
+}
+
+
+class ExtensionBuildError(PerfkitError):
+    """The C++ STREAM extension could not be built (no compiler, no OpenMP); nothing was measured."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(f"building perfkit's STREAM kernels failed: {message}")
+
+
+# --------------------------------------------------------------------------------------------
+# Compute ceilings
+
+def _kind(device: str) -> str:
+    return device.split(":")[0]
+
+
+def compute_dtypes(device: str = "cpu") -> dict[str, str | None]:
+    """Every precision perfkit knows → None if ``device`` can run it natively, else why not."""
+    import torch
+
+    out = dict.fromkeys(("fp64", "fp32", "tf32", "bf16", "fp16", "fp8"), None)
+    if _kind(device) == "cpu":
+        out["tf32"] = "tf32 is a tensor-core mode of NVIDIA GPUs; a CPU cannot honour it"
+        out["fp16"] = "fp16 matmul on CPU is not measured (perfkit's CPU ceilings: fp64, fp32, bf16)"
+        out["fp8"] = "fp8 matmul needs Hopper/Ada (sm_89+) or MI300 hardware"
+        return out
+    props = torch.cuda.get_device_properties(torch.device(device))
+    arch = getattr(props, "gcnArchName", "") or ""
+    if getattr(torch.version, "hip", None):
+        if not any(g in arch for g in ("gfx94", "gfx95")):
+            out["tf32"] = f"tf32 needs MI300-class hardware; this is {arch}"
+            out["fp8"] = f"fp8 needs MI300-class hardware; this is {arch}"
+        return out
+    cap = (props.major, props.minor)
+    if cap < (8, 0):
+        out["tf32"] = out["bf16"] = f"needs compute capability >= 8.0; this is {cap[0]}.{cap[1]}"
+    if cap < (8, 9):
+        out["fp8"] = f"fp8 needs compute capability >= 8.9; this is {cap[0]}.{cap[1]}"
+    return out
+
+
+def _shapes(device: str, dtype: str, quick: bool) -> tuple[tuple[int, int, int], ...]:
+    if _kind(device) != "cpu":
+        return _GPU_SHAPES[:2] if quick else _GPU_SHAPES + ((16384, 16384, 16384),)
+    return tuple((n, n, n) for n in _SHAPES[("cpu", quick)][dtype])
+
+
+@contextlib.contextmanager
+def _fp32_precision(mode: str):
+    """Matmul fp32 math set to ``ieee`` or ``tf32`` for the block, then restored.
+
+    fp32 must mean IEEE fp32 (a user's ``allow_tf32``, or oneDNN's bf16 mode on CPU, would
+    inflate it), and tf32 must be asked for explicitly: DESIGN.md, never silently replaced.
+    """
+    import torch
+
+    knobs = [(torch.backends.cuda.matmul, "fp32_precision", mode)]
+    if mode == "ieee" and hasattr(torch.backends.mkldnn, "matmul"):
+        knobs.append((torch.backends.mkldnn.matmul, "fp32_precision", mode))
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch < 2.9
+        knobs = [(torch.backends.cuda.matmul, "allow_tf32", mode == "tf32")]
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in knobs]
+    try:
+        for obj, attr, value in knobs:
+            setattr(obj, attr, value)
+        yield
+    finally:
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)
+
+
+def _matmul_fn(device: str, dtype: str, m: int, n: int, k: int):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, generator=gen, device=device)
+    b = torch.randn(k, n, generator=gen, device=device)
+    if dtype == "fp8":
+        # torch._scaled_mm wants e4m3 operands, B column-major, and float32 scales;
+        # MI300 uses the "fnuz" variant of e4m3.
+        f8 = torch.float8_e4m3fnuz if getattr(torch.version, "hip", None) else torch.float8_e4m3fn
+        a8, b8 = a.to(f8), b.t().contiguous().to(f8).t()
+        one = torch.ones((), device=device, dtype=torch.float32)
+        return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    torch_dtype = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
+                   "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    a, b = a.to(torch_dtype), b.to(torch_dtype)
+    out = torch.empty(m, n, device=device, dtype=torch_dtype)
+    return lambda: torch.matmul(a, b, out=out)
+
+
+def measure_matmul_throughput(device: str = "cpu", *, quick: bool = True,
+                              dtypes: Sequence[str] | None = None,
+                              shapes: Sequence[tuple[int, int, int]] | None = None,
+                              min_run_time_s: float | None = None) -> pd.DataFrame:
+    """One row per (dtype, shape): ``torch.matmul`` timed with :func:`perfkit.timing.measure`.
+
+    ``dtypes`` defaults to every precision the device supports; asking for one it cannot honour
+    raises :class:`BadInputError` with the reason. ``shapes`` (M, N, K) override the defaults.
+    """
+    device = resolve_device(device)
+    support = compute_dtypes(device)
+    if dtypes is None:
+        dtypes = [d for d, reason in support.items() if reason is None]
+    for d in dtypes:
+        if d not in support:
+            raise BadInputError(f"unknown dtype {d!r}; choose from {', '.join(support)}")
+        if support[d] is not None:
+            raise BadInputError(f"{d} on {device}: {support[d]}")
+    run_s = min_run_time_s if min_run_time_s is not None else (0.2 if quick else 1.0)
+    rows = []
+    for dtype in dtypes:
+        for m, n, k in shapes or _shapes(device, dtype, quick):
+            fn = _matmul_fn(device, dtype, m, n, k)
+            with _fp32_precision("tf32" if dtype == "tf32" else "ieee"):
+                meas = measure(fn, min_run_time_s=run_s, device=device, label=f"matmul {m}x{n}x{k} {dtype}")
+            flop = gemm_flop(m, n, k)
+            rows.append({"device": device, "dtype": dtype, "m": m, "n": n, "k": k, "flop": flop, **meas.as_row("time"),
+                         "flop_per_s": flop / meas.median_s,
+                         # FLOP/s quantiles are FLOP / time quantiles, in reverse order
+                         "flop_per_s_iqr": flop / meas.percentile(25) - flop / meas.percentile(75)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory bandwidth
+
+def _host_tag() -> str:
+    """Short hash of the CPU model and ISA flags: ``-march=native`` code must not be loaded
+    from a shared extensions cache by a different CPU (it could die on an illegal instruction)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        text = ""
+    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in {"model name", "flags", "Features"}]
+    return hashlib.sha1("\n".join(keep or [platform.processor(), platform.machine()]).encode()).hexdigest()[:10]
+
+
+def _wide_vectors() -> list[str]:
+    """GCC prefers 256-bit vectors even where AVX-512 exists; an L1 plateau needs the full
+    width (2 loads + 1 store of 64 B per cycle on Intel server cores), so ask for it there."""
+    try:
+        avx512 = " avx512f " in Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].replace("\n", " ") + " "
+    except OSError:
+        avx512 = False
+    return ["-mprefer-vector-width=512"] if avx512 and platform.machine() in {"x86_64", "AMD64"} else []
+
+
+@functools.lru_cache(maxsize=1)
+def load_stream_extension(verbose: bool = False):
+    """Build (first use; ~25 s on 2 cores) or load the C++ STREAM kernels, cached in torch's
+    extensions directory under a name that carries this CPU's tag."""
+    from torch.utils.cpp_extension import load
+
+    source = Path(__file__).with_name("csrc") / "stream_kernels.cpp"
+    try:
+        return load(name=f"perfkit_stream_kernels_{_host_tag()}", sources=[str(source)], verbose=verbose,
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", *_wide_vectors()],
+                    extra_ldflags=["-fopenmp"])
+    except (RuntimeError, OSError, ImportError) as exc:
+        raise ExtensionBuildError(str(exc).strip() or repr(exc)) from exc
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def cpu_cache_sizes(cpus: Sequence[int] | None = None, root: str = "/sys/devices/system/cpu") -> dict[str, int]:
+    """Data-cache capacity per level summed over the distinct cache instances of ``cpus``
+    (default: the CPUs this process may run on), from Linux sysfs; ``{}`` when unreadable.
+
+    With one thread per core, each thread has a private L1 and L2, so the working set a level
+    holds is the aggregate over cores; a shared L3 counts once per instance.
+    """
+    if cpus is None:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    seen, sizes = set(), {}
+    for cpu in cpus:
+        for index in sorted(Path(root, f"cpu{cpu}", "cache").glob("index*")):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                level = int((index / "level").read_text())
+                key = (level, (index / "shared_cpu_list").read_text().strip())
+                size = _parse_size((index / "size").read_text())
+            except (OSError, ValueError):
+                continue
+            if key not in seen:
+                seen.add(key)
+                sizes[f"L{level}"] = sizes.get(f"L{level}", 0) + size
+    return dict(sorted(sizes.items(), key=lambda kv: kv[1]))
+
+
+def _torch_kernels():
+    """STREAM kernels as torch ops: the CUDA/ROCm path (and a CPU cross-check)."""
+    import torch
+
+    def rep(op):
+        def run(a, b, c, s, reps, threads):
+            for _ in range(reps):
+                op(a, b, c, s)
+        return run
+
+    return {"copy": rep(lambda a, b, c, s: c.copy_(a)),
+            "scale": rep(lambda a, b, c, s: torch.mul(c, s, out=b)),
+            "add": rep(lambda a, b, c, s: torch.add(a, b, out=c)),
+            "triad": rep(lambda a, b, c, s: torch.add(b, c, alpha=s, out=a))}
+
+
+def _working_sets(lo: int, hi: int, per_octave: int) -> list[int]:
+    steps = max(0, math.floor(math.log2(hi / lo) * per_octave + 1e-9))
+    return sorted({int(lo * 2 ** (i / per_octave)) for i in range(steps + 1)} | {hi})
+
+
+def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
+                            kernels: Sequence[str] | None = None,
+                            min_working_set_bytes: int | None = None,
+                            max_working_set_bytes: int | None = None,
+                            points_per_octave: int | None = None, threads: int | None = None,
+                            backend: str = "auto", dtype: str = "fp64",
+                            min_run_time_s: float | None = None) -> pd.DataFrame:
+    """Bandwidth of STREAM kernels per working set: one row per (kernel, working set).
+
+    ``backend``: ``cpp`` (the OpenMP kernels; CPU), ``torch`` (torch ops) or ``auto`` (``cpp``
+    on CPU, ``torch`` on GPUs). There is no fallback: a failed build raises
+    :class:`ExtensionBuildError` rather than report torch's bandwidth as the machine's.
+    Defaults: quick sweeps triad only, 2 points per octave from 16 KiB to ≥ 2× the LLC; full
+    sweeps all four kernels, 4 per octave to ≥ 4× the LLC (capped at a quarter of free memory).
+    On GPUs the torch ops are launch-bound at L2 sizes, so the default sweep starts at 8x L2
+    (HBM only); a smaller ``min_working_set_bytes`` draws the launch-bound part too.
+    """
+    import torch
+
+    device = resolve_device(device)
+    on_cpu = _kind(device) == "cpu"
+    backend = ("cpp" if on_cpu else "torch") if backend == "auto" else backend
+    if backend not in {"cpp", "torch"} or (backend == "cpp" and not on_cpu):
+        raise BadInputError(f"backend {backend!r} on {device}: use 'auto', 'torch', or 'cpp' on CPU")
+    kernels = list(kernels or (("triad",) if quick else STREAM_KERNELS))
+    if unknown := [k for k in kernels if k not in STREAM_KERNELS]:
+        raise BadInputError(f"unknown STREAM kernel(s) {unknown}; choose from {', '.join(STREAM_KERNELS)}")
+    torch_dtype = {"fp64": torch.float64, "fp32": torch.float32}.get(dtype)
+    if torch_dtype is None:
+        raise BadInputError(f"STREAM dtype must be fp64 or fp32, got {dtype!r}")
+    if backend == "torch":
+        threads = torch.get_num_threads() if on_cpu else 1  # torch ops use torch's own pool
+    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    caches = _cache_sizes(device, threads)
+    llc = max(caches.values(), default=256 << 20)
+    if max_working_set_bytes is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if on_cpu else \
+            torch.cuda.mem_get_info(torch.device(device))[0]
+        # CPU: past 2x (quick) or 4x the LLC. GPU: a GPU's L2 keeps part of a stream that is
+        # several times its size, so go to >= 16x L2 and at least 1 GiB.
+        want = 2 ** math.ceil(math.log2(llc * ((2 if quick else 4) if on_cpu else 16)))
+        want = want if on_cpu else max(want, 1 << 30)
+        max_working_set_bytes = max(1 << 20, min(want, free // 4))
+    if min_working_set_bytes is None:
+        min_working_set_bytes = 16 << 10 if on_cpu else min(8 * llc, max_working_set_bytes)
+    if not 0 < min_working_set_bytes <= max_working_set_bytes:
+        raise BadInputError("need 0 < min_working_set_bytes <= max_working_set_bytes")
+    per_octave = points_per_octave or (2 if quick else 4)
+    run_s = min_run_time_s if min_run_time_s is not None else (0.03 if quick else 0.2)
+    impl = load_stream_extension() if backend == "cpp" else None
+    funcs = {k: getattr(impl, k) for k in kernels} if impl else _torch_kernels()
+    item = torch.empty((), dtype=torch_dtype).element_size()
+    # One allocation at the largest size; smaller working sets use prefixes of it, so pages are
+    # faulted in once. Values stay finite: each kernel repeated alone is idempotent.
+    n_max = max_working_set_bytes // (2 * item)
+    arrays = [torch.empty(n_max, dtype=torch_dtype, device=device) for _ in range(3)]
+    for x, v in zip(arrays, (1.0, 2.0, 0.0)):
+        impl.first_touch(x, v, threads) if impl else x.fill_(v)
+    target = (64 << 20) if quick else (256 << 20)  # bytes per call: amortizes the OpenMP fork
+    rows = []
+    for kernel in kernels:
+        words = STREAM_KERNELS[kernel]
+        for ws in _working_sets(min_working_set_bytes, max_working_set_bytes, per_octave):
+            n = ws // (words * item)
+            if n < 64:
+                continue
+            a, b, c = (x[:n] for x in arrays)
+            moved = words * n * item
+            reps = max(1, target // moved)
+            fn = functools.partial(funcs[kernel], a, b, c, _SCALAR, reps, threads)
+            # Past the LLC each call is one slow sweep: give the DRAM/HBM points (the ceiling
+            # a roofline is usually read against) more samples even in a quick sweep.
+            point_s = run_s if min_run_time_s is not None or ws <= llc else max(run_s, 0.2)
+            meas = measure(fn, min_run_time_s=point_s, device=device, label=f"{kernel} {ws} B")
+            total = moved * reps
+            rows.append({"device": device, "kernel": kernel, "dtype": dtype, "backend": backend, "threads": threads,
+                         "working_set_bytes": words * n * item, "elements": n, "reps": reps,
+                         "bytes": total, **meas.as_row("time"),
+                         "bytes_per_s": total / meas.median_s,
+                         "bytes_per_s_best": total / meas.min_s,  # stream.c's "Best Rate"
+                         "bytes_per_s_iqr": total / meas.percentile(25) - total / meas.percentile(75)})
+    del arrays
+    return pd.DataFrame(rows)
+
+
+def _cache_sizes(device: str, threads: int) -> dict[str, int]:
+    if _kind(device) == "cpu":
+        cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else None
+        return cpu_cache_sizes(cpus)
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(device))
+    sizes = {"L2": int(getattr(props, "L2_cache_size", 0))} if getattr(props, "L2_cache_size", 0) else {}
+    if any(g in (getattr(props, "gcnArchName", "") or "") for g in ("gfx94", "gfx95")):
+        sizes["MALL"] = 256 << 20  # MI300/MI350: 256 MB AMD Infinity Cache (AMD CDNA 3/4 white papers)
+    return sizes
+
+
+# --------------------------------------------------------------------------------------------
+# Level detection (pure)
+
+def _split_at(seg: list[int], ws: Sequence[float], bound: float) -> list[list[int]]:
+    lo, hi = [i for i in seg if ws[i] <= bound], [i for i in seg if ws[i] > bound]
+    return [s for s in (lo, hi) if s]
+
+
+def detect_levels(curve: pd.DataFrame, *, cache_sizes: Mapping[str, int], memory_name: str = "DRAM",
+                  step: float = 0.15, min_points: int = 2) -> pd.DataFrame:
+    """Find the plateaus of a bandwidth curve and name them after the level that holds them.
+
+    ``curve`` needs ``working_set_bytes`` and ``bytes_per_s`` (one kernel); ``cache_sizes``
+    maps level names to the capacity available to the run (``{"L1": 96 << 10, ...}``).
+    Method: smooth log-bandwidth with a running median of 3 (one outlier cannot make or break a
+    plateau), start a new segment wherever a point leaves the current segment's median by more
+    than ``step`` (relative), split at the last-level cache, keep segments of at least
+    ``min_points`` points. Each is named by the smallest cache holding its median working set;
+    past the LLC it is ``memory_name`` -- so DRAM/HBM appears only when the sweep went past the
+    LLC, and the last plateau of a shorter sweep keeps its cache's name. With no cache sizes
+    plateaus are named ``P1``, ``P2``... Same-named segments are merged. Per plateau: the median
+    bandwidth, ``iqr`` (median of the points' ``bytes_per_s_iqr`` if given, else the spread of
+    the plateau), ``noisy``, its span and ``working_set_bytes`` of its most typical point.
+    """
+    columns = ["level", "bytes_per_s", "iqr", "noisy", "working_set_bytes", "working_set_min_bytes",
+               "working_set_max_bytes", "points"]
+    if missing := {"working_set_bytes", "bytes_per_s"} - set(curve.columns):
+        raise BadInputError(f"curve lacks column(s) {sorted(missing)}")
+    if curve.get("kernel") is not None and curve["kernel"].nunique() > 1:
+        raise BadInputError("curve holds several kernels; pass one kernel's rows")
+    if step <= 0 or min_points < 1:
+        raise BadInputError("need step > 0 and min_points >= 1")
+    df = curve.sort_values("working_set_bytes").reset_index(drop=True)
+    bw, ws = df["bytes_per_s"].astype(float), df["working_set_bytes"].astype(float).tolist()
+    if not (bw.gt(0) & bw.map(math.isfinite)).all() or min(ws, default=1) <= 0:
+        raise BadInputError("bandwidths and working sets must be positive and finite")
+    y = [math.log(v) for v in bw]
+    smooth = [statistics.median(y[max(0, i - 1):i + 2]) for i in range(len(y))]
+    tol = math.log1p(step)
+    segments: list[list[int]] = []
+    for i, v in enumerate(smooth):
+        if segments and abs(v - statistics.median(smooth[j] for j in segments[-1])) <= tol:
+            segments[-1].append(i)
+        else:
+            segments.append([i])
+    llc = max(cache_sizes.values(), default=None)
+    if llc is not None:
+        segments = [part for seg in segments for part in _split_at(seg, ws, llc)]
+    named: dict[str, list[int]] = {}
+    for seg in (s for s in segments if len(s) >= min_points):
+        mid = statistics.median(ws[i] for i in seg)
+        if llc is None:
+            name = f"P{len(named) + 1}"
+        else:
+            name = next((lvl for lvl, size in sorted(cache_sizes.items(), key=lambda kv: kv[1])
+                         if mid <= size), memory_name)
+        named.setdefault(name, []).extend(seg)
+    rows = []
+    for name, idx in named.items():
+        pts = df.loc[idx]
+        value = float(pts["bytes_per_s"].median())
+        if "bytes_per_s_iqr" in pts:
+            iqr = float(pts["bytes_per_s_iqr"].median())
+        else:
+            iqr = float(pts["bytes_per_s"].quantile(0.75) - pts["bytes_per_s"].quantile(0.25))
+        typical = pts.loc[(pts["bytes_per_s"] - value).abs().idxmin(), "working_set_bytes"]
+        rows.append({"level": name, "bytes_per_s": value, "iqr": iqr,
+                     "noisy": bool(iqr / value > NOISY_IQR_OVER_MEDIAN),
+                     "working_set_bytes": int(typical), "working_set_min_bytes": int(pts["working_set_bytes"].min()),
+                     "working_set_max_bytes": int(pts["working_set_bytes"].max()), "points": len(idx)})
+    return pd.DataFrame(rows, columns=columns)
+
+
+# --------------------------------------------------------------------------------------------
+# The ceilings table
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequence[str] | None = None,
+                     shapes: Sequence[tuple[int, int, int]] | None = None,
+                     max_working_set_bytes: int | None = None, threads: int | None = None,
+                     curve: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The measured ceilings of ``device``: one row per compute dtype and per memory level.
+
+    Columns :data:`CEILING_COLUMNS` (+ the plateau span for memory rows); ``value``/``iqr`` in
+    FLOP/s or bytes/s. Memory ceilings come from the triad (stream.c's headline kernel) of
+    ``curve`` when given (a :func:`measure_bandwidth_curve` result), else of a fresh sweep.
+    """
+    device = resolve_device(device)
+    mm = measure_matmul_throughput(device, quick=quick, dtypes=dtypes, shapes=shapes)
+    rows = []
+    for dtype, group in mm.groupby("dtype", sort=False):
+        best = group.loc[group["flop_per_s"].idxmax()]
+        rows.append({"kind": "compute", "dtype": dtype, "level": None, "value": float(best["flop_per_s"]),
+                     "unit": "FLOP/s", "origin": "measured",
+                     "source": f"best torch.matmul over {len(group)} shapes "
+                               f"(best {best['m']}x{best['n']}x{best['k']})",
+                     "method": "matmul", "iqr": float(best["flop_per_s_iqr"]), "noisy": bool(best["noisy"]),
+                     "working_set_bytes": None})
+    if curve is None:
+        curve = measure_bandwidth_curve(device, quick=quick, kernels=["triad"], threads=threads,
+                                        max_working_set_bytes=max_working_set_bytes)
+    triad = curve[curve["kernel"] == "triad"]
+    if triad.empty:
+        raise BadInputError("the bandwidth curve holds no triad rows")
+    on_cpu = _kind(device) == "cpu"
+    levels = detect_levels(triad, cache_sizes=_cache_sizes(device, int(triad["threads"].iloc[0])),
+                           memory_name="DRAM" if on_cpu else "HBM")
+    how = "C++ OpenMP STREAM triad" if triad["backend"].iloc[0] == "cpp" else "torch-op STREAM triad"
+    for lvl in levels.itertuples():
+        rows.append({"kind": "memory", "dtype": None, "level": lvl.level, "value": lvl.bytes_per_s,
+                     "unit": "bytes/s", "origin": "measured",
+                     "source": f"{how}, plateau {_size(lvl.working_set_min_bytes)}–{_size(lvl.working_set_max_bytes)}",
+                     "method": "stream_triad", "iqr": lvl.iqr, "noisy": lvl.noisy,
+                     "working_set_bytes": lvl.working_set_bytes,
+                     "working_set_min_bytes": lvl.working_set_min_bytes,
+                     "working_set_max_bytes": lvl.working_set_max_bytes})
+    return pd.DataFrame(rows, columns=[*CEILING_COLUMNS, "working_set_min_bytes", "working_set_max_bytes"])
