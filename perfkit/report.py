@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,12 @@ def write_report(directory: str | Path, output: str | Path, *, title: str | None
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_suffix(output.suffix + ".tmp")
-    tmp.write_text(file_html(layout, resources=INLINE, title=title), encoding="utf-8")
+    page = file_html(layout, resources=INLINE, title=title)
+    # An empty icon: opened from disk, browsers would otherwise request a missing /favicon.ico.
+    page = page.replace("<head>", '<head>\n    <link rel="icon" href="data:,">', 1)
+    # panel (imported by holoviews) registers an ES-module shim that bokeh links by a relative
+    # path instead of inlining; no plot here uses it, and offline it would only be a failed load.
+    page = re.sub(r'<script src="static/extensions/[^"]*"></script>\s*', "", page)
+    tmp.write_text(page, encoding="utf-8")
     tmp.replace(output)
     return output

@@ -219,18 +219,42 @@ def skip(reason: str, *, record_row: bool = True) -> None:
     raise ConfigurationSkipped(reason)
 
 
+def _read_with_units(path: Path) -> tuple[pd.DataFrame, dict]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    raw = (table.schema.metadata or {}).get(b"perfkit.units")
+    return table.to_pandas(), (json.loads(raw) if raw else {})
+
+
+def _read_many(files: list[Path]) -> tuple[pd.DataFrame, dict]:
+    """Read many files fast: parallel reads (pyarrow releases the GIL), one Arrow concatenation
+    with schema promotion (files of different notebooks have different columns), and a single
+    conversion to pandas — per-file ``to_pandas`` + ``pd.concat`` is ~10x slower at 1,000 files."""
+    import concurrent.futures as cf
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def read(path: Path) -> pa.Table:  # ParquetFile.read skips the dataset machinery of read_table
+        return pq.ParquetFile(path).read(use_threads=False)
+
+    with cf.ThreadPoolExecutor(max_workers=min(4, len(files))) as pool:
+        tables = list(pool.map(read, files))
+    units: dict = {}
+    for table in tables:
+        raw = (table.schema.metadata or {}).get(b"perfkit.units")
+        if raw:
+            units.update(json.loads(raw))
+    if len(tables) == 1:
+        return tables[0].to_pandas(), units
+    tables = [t.replace_schema_metadata(None) for t in tables if t.num_rows] or tables[:1]
+    combined = pa.concat_tables(tables, promote_options="permissive")
+    return combined.to_pandas(), units
+
+
 def _read_one(path: Path) -> pd.DataFrame:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pandas()
-
-
-def _units_of(path: Path) -> dict:
-    import pyarrow.parquet as pq
-
-    meta = pq.read_schema(path).metadata or {}
-    raw = meta.get(b"perfkit.units")
-    return json.loads(raw) if raw else {}
+    return _read_with_units(path)[0]
 
 
 def result_files(directory: str | Path) -> list[Path]:
@@ -247,14 +271,10 @@ def load(directory: str | Path, *, statuses: Iterable[str] | None = None) -> pd.
     if not directory.exists():
         raise BadInputError(f"results directory {str(directory)!r} does not exist")
     files = result_files(directory) if directory.is_dir() else [directory]
-    frames, units = [], {}
-    for path in files:
-        frames.append(_read_one(path))
-        units.update(_units_of(path))
-    if not frames:
-        frame = pd.DataFrame({"config_id": pd.Series(dtype="str"), "status": pd.Series(dtype="str")})
+    if not files:
+        frame, units = pd.DataFrame({"config_id": pd.Series(dtype="str"), "status": pd.Series(dtype="str")}), {}
     else:
-        frame = pd.concat([f for f in frames if not f.empty] or frames, ignore_index=True)
+        frame, units = _read_many(files)
     if statuses is not None:
         wanted = set(statuses)
         unknown = wanted - set(_status.STATUSES)

@@ -1,0 +1,355 @@
+#!/usr/bin/env bash
+# Start a real one-node Slurm cluster (with accounting) for perfkit's tests.
+#
+#   bash .ci/slurm/up.sh [STATE_DIR]        (as root; default STATE_DIR=/tmp/perfkit-slurm)
+#
+# Idempotent: installs what is missing, writes the config under STATE_DIR, starts
+# whatever is not already running (munged, mariadbd, slurmdbd, slurmctld, slurmd; no
+# systemd), then waits until the node is idle and sacctmgr answers.  Every step prints
+# one line.  On success it writes STATE_DIR/env.sh (export SLURM_CONF=... etc.) and
+# exits 0; on failure it prints the reason (and log tails) and exits non-zero.
+#
+# Environment knobs:
+#   PERFKIT_SLURM_PARTITION  partition name            (default: debug)
+#   PERFKIT_SLURM_CLUSTER    ClusterName               (default: perfkit)
+#   PERFKIT_SLURM_ACCOUNT    account for root          (default: perfkit)
+#   PERFKIT_SLURM_DB_PORT    TCP port of the private mariadbd on 127.0.0.1 (default: 36033)
+#   PERFKIT_SLURM_PORT_BASE  slurmctld port; slurmd = +1, slurmdbd = +2 (default: 6817)
+#   PERFKIT_SLURM_NO_INSTALL=1  never call apt-get (fail if packages are missing)
+#   PERFKIT_SLURM_WAIT       seconds to wait for each daemon (default: 60)
+#
+# Note: Slurm time limits have a granularity of one minute and slurmctld checks them
+# about every 30 s, so a job with --time=1 ends in TIMEOUT after ~60-95 s.
+set -euo pipefail
+
+STATE=${1:-/tmp/perfkit-slurm}
+PARTITION=${PERFKIT_SLURM_PARTITION:-debug}
+CLUSTER=${PERFKIT_SLURM_CLUSTER:-perfkit}
+ACCOUNT=${PERFKIT_SLURM_ACCOUNT:-perfkit}
+DB_PORT=${PERFKIT_SLURM_DB_PORT:-36033}
+PORT_BASE=${PERFKIT_SLURM_PORT_BASE:-6817}
+WAIT=${PERFKIT_SLURM_WAIT:-60}
+DB_USER=slurm
+DB_PASS=perfkit-slurm-db
+DB_NAME=slurm_acct_db
+
+T0=$EPOCHREALTIME
+step() { printf '[slurm-up %6ss] %s\n' "$(awk -v a="$EPOCHREALTIME" -v b="$T0" 'BEGIN{printf "%.1f", a-b}')" "$*"; }
+die() { echo "[slurm-up] FAILED: $*" >&2; exit 1; }
+tail_logs() {
+  local f
+  for f in "$@"; do
+    [ -f "$f" ] && { echo "----- tail $f" >&2; tail -n 30 "$f" >&2; }
+  done
+  return 0
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root (uid is $(id -u))"
+case "$STATE" in /*) ;; *) STATE="$(pwd)/$STATE" ;; esac
+
+# ---------------------------------------------------------------- 1. packages
+need=()
+for p in slurmctld slurmd slurm-client slurmdbd munge mariadb-server; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  [ "${PERFKIT_SLURM_NO_INSTALL:-0}" = 1 ] && die "packages missing and PERFKIT_SLURM_NO_INSTALL=1: ${need[*]}"
+  command -v apt-get >/dev/null || die "apt-get not found; cannot install: ${need[*]}"
+  step "installing ${need[*]} (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  # Keep package scripts from starting the services (we start our own copies).
+  made_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; made_policy=1
+  fi
+  rc=0
+  { apt-get update -q && apt-get install -y -q --no-install-recommends "${need[@]}"; } \
+    > /tmp/perfkit-slurm-apt.log 2>&1 </dev/null || rc=$?
+  [ "$made_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
+  [ "$rc" = 0 ] || { tail -n 40 /tmp/perfkit-slurm-apt.log >&2; die "apt-get install failed (rc=$rc), log /tmp/perfkit-slurm-apt.log"; }
+  step "packages installed"
+else
+  step "packages already installed"
+fi
+for b in munged slurmctld slurmd slurmdbd sinfo sacctmgr mariadbd mariadb-install-db mariadb-admin mariadb; do
+  command -v "$b" >/dev/null || die "$b not found after install"
+done
+
+# ---------------------------------------------------------------- 2. config
+HOST=$(hostname -s)
+ETC=$STATE/etc; LOG=$STATE/log; RUN=$STATE/run
+MUNGE=$STATE/munge; DB=$STATE/mysql
+mkdir -p "$ETC" "$LOG" "$RUN" "$STATE/spool/slurmd" "$STATE/spool/slurmctld" "$MUNGE" "$DB"
+chmod 755 "$STATE" "$ETC" "$LOG" "$RUN" "$STATE/spool"
+chmod 711 "$MUNGE"          # munged refuses a socket dir that others can list/write
+MUNGE_SOCK=$MUNGE/munge.socket.2
+
+# Hardware as slurmd sees it (slurmd -C), fall back to lscpu / free.
+sockets=$(lscpu | awk -F: '/^Socket\(s\)/{gsub(/ /,"",$2);print $2}')
+cores=$(lscpu | awk -F: '/^Core\(s\) per socket/{gsub(/ /,"",$2);print $2}')
+threads=$(lscpu | awk -F: '/^Thread\(s\) per core/{gsub(/ /,"",$2);print $2}')
+case "$sockets" in ''|*[!0-9]*) sockets=1 ;; esac
+case "$cores" in ''|*[!0-9]*) cores=$(nproc) ;; esac
+case "$threads" in ''|*[!0-9]*) threads=1 ;; esac
+cpus=$((sockets * cores * threads))
+mem=$(free -m | awk '/^Mem:/{print $2}')
+realmem=$(( mem * 9 / 10 ))
+[ "$realmem" -ge 1 ] || realmem=1
+
+write_if_changed() {  # write stdin to $1, report whether it changed
+  local tmp; tmp=$(mktemp); cat > "$tmp"
+  if [ -f "$1" ] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; return 1; fi
+  mv "$tmp" "$1"; chmod "${2:-644}" "$1"; return 0
+}
+
+changed=0
+write_if_changed "$ETC/slurm.conf" 644 <<EOF && changed=1 || true
+# Generated by perfkit .ci/slurm/up.sh -- one-node test cluster.
+ClusterName=$CLUSTER
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldPort=$PORT_BASE
+SlurmdPort=$((PORT_BASE + 1))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCK
+CredType=cred/munge
+MailProg=/bin/true
+StateSaveLocation=$STATE/spool/slurmctld
+SlurmdSpoolDir=$STATE/spool/slurmd
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdLogFile=$LOG/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+# Short timers so test jobs end (and show their final state) quickly.
+MinJobAge=30
+KillWait=2
+OverTimeLimit=0
+InactiveLimit=0
+Waittime=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+MessageTimeout=10
+SchedulerParameters=sched_interval=2
+# Accounting through slurmdbd; slurmdbd ignores AuthInfo, so the munge socket goes here.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$((PORT_BASE + 2))
+AccountingStoragePass=$MUNGE_SOCK
+JobCompType=jobcomp/none
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus Sockets=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$realmem State=UNKNOWN
+PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+EOF
+
+write_if_changed "$ETC/slurmdbd.conf" 600 <<EOF && changed=1 || true
+# Generated by perfkit .ci/slurm/up.sh
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCK
+DbdHost=$HOST
+DbdAddr=127.0.0.1
+DbdPort=$((PORT_BASE + 2))
+SlurmUser=root
+DebugLevel=info
+LogFile=$LOG/slurmdbd.log
+PidFile=$RUN/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+chmod 600 "$ETC/slurmdbd.conf"   # slurmdbd insists that its config is private
+
+
+cat > "$STATE/env.sh" <<EOF
+# Source me: environment for perfkit's one-node test Slurm (written by .ci/slurm/up.sh).
+export SLURM_CONF='$ETC/slurm.conf'
+export PERFKIT_SLURM_STATE='$STATE'
+export PERFKIT_SLURM_PARTITION='$PARTITION'
+export PERFKIT_SLURM_CLUSTER='$CLUSTER'
+export PERFKIT_SLURM_ACCOUNT='$ACCOUNT'
+EOF
+export SLURM_CONF=$ETC/slurm.conf
+step "config written to $ETC (node $HOST: ${sockets}x${cores}x${threads} cpus=$cpus mem=${realmem}M, partition $PARTITION)$([ $changed = 1 ] && echo ' [changed]')"
+
+# ---------------------------------------------------------------- helpers
+alive() {  # alive PIDFILE NAME -> 0 if the pid in PIDFILE is a live NAME process
+  local pid
+  [ -f "$1" ] || return 1
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] || return 1
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] || return 1
+  [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]   # zombies are dead
+}
+wait_for() {  # wait_for SECONDS PIDFILE:NAME|- CMD... (CMD polled every 0.5 s; gives up
+  local secs=$1 proc=$2; shift 2  # early when the process named in PIDFILE:NAME has died)
+  local end=$(( $(date +%s) + secs ))
+  # Success needs the probe to pass AND our process to be alive (a stray old daemon
+  # could answer the probe while the new one died).
+  until "$@" >/dev/null 2>&1 && { [ "$proc" = - ] || alive "${proc%%:*}" "${proc##*:}"; }; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    if [ "$proc" != - ] && ! alive "${proc%%:*}" "${proc##*:}"; then
+      echo "[slurm-up] ${proc##*:} exited" >&2; return 1
+    fi
+    sleep 0.5
+  done
+}
+stop_proc() {  # stop_proc PIDFILE NAME: SIGTERM, wait until gone (KILL after 30 s)
+  alive "$1" "$2" || return 0
+  local pid i; pid=$(cat "$1")
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 60); do alive "$1" "$2" || return 0; sleep 0.5; done
+  kill -KILL "$pid" 2>/dev/null || true; sleep 0.5
+}
+kill_strays() {  # kill_strays NAME: our-state NAME processes not in the pidfile (lost pidfiles)
+  local name=$1 p keep=""
+  [ -f "$RUN/$name.pid" ] && keep=$(cat "$RUN/$name.pid")
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$name" ] || continue
+    [ "$p" = "$keep" ] && alive "$RUN/$name.pid" "$name" && continue
+    if { tr '\0' '\n' < "/proc/$p/cmdline"; } 2>/dev/null | grep -qF "$STATE/" \
+       || { tr '\0' '\n' < "/proc/$p/environ"; } 2>/dev/null | grep -qxF "SLURM_CONF=$ETC/slurm.conf"; then
+      echo "[slurm-up] killing stray $name (pid $p) of $STATE" >&2
+      kill -TERM "$p" 2>/dev/null || true
+      for _ in $(seq 1 40); do [ -d "/proc/$p" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] || break; sleep 0.5; done
+      kill -KILL "$p" 2>/dev/null || true
+    fi
+  done
+}
+launch() {  # launch PIDFILE LOGFILE CMD...: fully detached (no inherited stdio, own session)
+  local pidf=$1 log=$2; shift 2
+  setsid "$@" </dev/null >>"$log" 2>&1 &
+  echo $! > "$pidf"
+}
+
+# ---------------------------------------------------------------- 3. munge
+if [ ! -s "$MUNGE/munge.key" ]; then
+  if [ -s /etc/munge/munge.key ]; then cp /etc/munge/munge.key "$MUNGE/munge.key"
+  else dd if=/dev/urandom of="$MUNGE/munge.key" bs=1024 count=1 status=none; fi
+fi
+chmod 400 "$MUNGE/munge.key"; chown root:root "$MUNGE/munge.key"
+if alive "$MUNGE/munged.pid" munged && munge -n --socket="$MUNGE_SOCK" >/dev/null 2>&1; then
+  step "munged already running"
+else
+  rm -f "$MUNGE_SOCK" "$MUNGE_SOCK.lock"
+  launch "$MUNGE/munged.pid" "$LOG/munged.out" munged --foreground --force --socket="$MUNGE_SOCK" --key-file="$MUNGE/munge.key" \
+    --pid-file="$MUNGE/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE/munged.seed"
+  wait_for "$WAIT" "$MUNGE/munged.pid:munged" sh -c "munge -n --socket='$MUNGE_SOCK' | unmunge --socket='$MUNGE_SOCK'" \
+    || { tail_logs "$LOG/munged.log" "$LOG/munged.out"; die "munged did not come up"; }
+  step "munged started (socket $MUNGE_SOCK)"
+fi
+
+# ---------------------------------------------------------------- 4. mariadb
+DB_SOCK=$DB/mysqld.sock
+dbq() { mariadb --no-defaults --protocol=socket --socket="$DB_SOCK" -uroot -N -B -e "$1"; }
+if alive "$RUN/mariadbd.pid" mariadbd && mariadb-admin --no-defaults --socket="$DB_SOCK" -uroot ping >/dev/null 2>&1; then
+  step "mariadbd already running"
+else
+  if [ ! -d "$DB/data/mysql" ]; then
+    mkdir -p "$DB/data"; chown -R mysql:mysql "$DB"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$DB/data" \
+      --auth-root-authentication-method=socket --skip-test-db > "$LOG/mariadb-install.log" 2>&1 \
+      || { tail_logs "$LOG/mariadb-install.log"; die "mariadb-install-db failed"; }
+  fi
+  chown -R mysql:mysql "$DB"
+  rm -f "$DB_SOCK"
+  launch "$RUN/mariadbd.pid" "$LOG/mariadbd.out" mariadbd --no-defaults --user=mysql --datadir="$DB/data" \
+    --socket="$DB_SOCK" --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
+    --pid-file="$DB/mariadbd.pid" --log-error="$LOG/mariadbd.log" \
+    --innodb-log-file-size=64M --innodb-lock-wait-timeout=900
+  wait_for "$WAIT" "$RUN/mariadbd.pid:mariadbd" mariadb-admin --no-defaults --socket="$DB_SOCK" -uroot ping \
+    || { tail_logs "$LOG/mariadbd.log" "$LOG/mariadbd.out"; die "mariadbd did not come up"; }
+  step "mariadbd started (127.0.0.1:$DB_PORT, datadir $DB/data)"
+fi
+dbq "CREATE DATABASE IF NOT EXISTS $DB_NAME;
+     CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+     CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+     GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
+     GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'localhost';" \
+  || die "could not create the slurm database user"
+step "database $DB_NAME and user $DB_USER ready"
+
+# ---------------------------------------------------------------- 5. slurmdbd
+if alive "$RUN/slurmdbd.pid" slurmdbd && [ $changed = 0 ]; then
+  step "slurmdbd already running"
+else
+  stop_proc "$RUN/slurmdbd.pid" slurmdbd   # config changed: restart
+  kill_strays slurmdbd
+  launch "$RUN/slurmdbd.pid" "$LOG/slurmdbd.out" slurmdbd -D   # reads slurmdbd.conf next to $SLURM_CONF
+  wait_for "$WAIT" "$RUN/slurmdbd.pid:slurmdbd" timeout 10 sacctmgr -n list cluster \
+    || { tail_logs "$LOG/slurmdbd.log" "$LOG/slurmdbd.out"; die "slurmdbd did not come up"; }
+  step "slurmdbd started"
+fi
+
+# ---------------------------------------------------------------- 6. cluster in accounting
+# Registering the cluster before slurmctld starts lets slurmctld connect at once.
+if ! sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx "$CLUSTER"; then
+  timeout 30 sacctmgr -i add cluster "$CLUSTER" >/dev/null \
+    || { tail_logs "$LOG/slurmdbd.log"; die "sacctmgr add cluster $CLUSTER failed"; }
+  step "cluster $CLUSTER registered in accounting"
+else
+  step "cluster $CLUSTER already registered"
+fi
+
+# ---------------------------------------------------------------- 7. slurmctld + slurmd
+if alive "$RUN/slurmctld.pid" slurmctld && [ $changed = 0 ]; then
+  step "slurmctld already running"
+else
+  stop_proc "$RUN/slurmctld.pid" slurmctld   # config changed: restart
+  kill_strays slurmctld
+  launch "$RUN/slurmctld.pid" "$LOG/slurmctld.out" slurmctld -D -i -f "$ETC/slurm.conf"
+  wait_for "$WAIT" "$RUN/slurmctld.pid:slurmctld" timeout 10 scontrol ping \
+    || { tail_logs "$LOG/slurmctld.log" "$LOG/slurmctld.out"; die "slurmctld did not come up"; }
+  step "slurmctld started"
+fi
+if alive "$RUN/slurmd.pid" slurmd && [ $changed = 0 ]; then
+  step "slurmd already running"
+else
+  stop_proc "$RUN/slurmd.pid" slurmd   # config changed: restart
+  kill_strays slurmd
+  launch "$RUN/slurmd.pid" "$LOG/slurmd.out" slurmd -D -N "$HOST" -f "$ETC/slurm.conf"
+  step "slurmd started"
+fi
+
+node_ready() {
+  local st
+  st=$(timeout 10 sinfo -h -N -n "$HOST" -o '%T' 2>/dev/null | head -n1) || return 1
+  case "$st" in
+    idle|mixed|allocated|completing) return 0 ;;
+    down*|drain*|fail*) timeout 10 scontrol update nodename="$HOST" state=resume >/dev/null 2>&1; return 1 ;;
+    *) return 1 ;;
+  esac
+}
+wait_for "$WAIT" "$RUN/slurmd.pid:slurmd" node_ready || {
+  sinfo -N -l >&2 || true
+  tail_logs "$LOG/slurmd.log" "$LOG/slurmd.out" "$LOG/slurmctld.log"
+  die "node $HOST did not become idle"
+}
+step "node $HOST is $(sinfo -h -N -n "$HOST" -o '%T' | head -n1) in partition $PARTITION"
+
+# ---------------------------------------------------------------- 8. account + user
+if ! sacctmgr -n -P list account format=account 2>/dev/null | grep -qx "$ACCOUNT"; then
+  timeout 30 sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" description=perfkit-tests organization=perfkit >/dev/null \
+    || die "sacctmgr add account failed"
+fi
+if ! sacctmgr -n -P list assoc cluster="$CLUSTER" account="$ACCOUNT" user=root format=user 2>/dev/null | grep -qx root; then
+  timeout 30 sacctmgr -i add user root account="$ACCOUNT" cluster="$CLUSTER" >/dev/null \
+    || die "sacctmgr add user root failed"
+fi
+wait_for "$WAIT" - timeout 10 sacct -n -X -S now-1minutes -o JobID \
+  || die "sacct does not answer"
+step "accounting ready (cluster $CLUSTER, account $ACCOUNT, user root)"
+step "ready: source $STATE/env.sh  (SLURM_CONF=$ETC/slurm.conf)"

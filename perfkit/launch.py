@@ -1,0 +1,345 @@
+"""Run a function on N ranks under torchrun and say how it ended.
+
+``launch("pkg.mod:fn", config, world_size=2, backend="gloo", timeout_s=60)`` starts
+``python -m torch.distributed.run ... -m perfkit._rank_entry`` (the interpreter's own torchrun: a
+bare ``torchrun`` need not be on a kernel's PATH). Every rank joins the process group with the
+given backend, calls ``fn(config)`` and writes its result, or its exception, to a file in a
+private temporary directory; its stdout and stderr go to a log file there too.
+
+The launcher keeps its own deadline rather than trusting torchrun's: torchrun notices a rank that
+exits, but not one that hangs in a collective waiting for a peer, and its own teardown of the
+survivors can be slow. Workers are started by torchrun in sessions of their own, so killing
+torchrun's process group is not enough: the whole descendant tree is found through ``/proc`` (and
+the ranks' pids) and killed.
+
+Statuses (:mod:`perfkit.status`): ``ok`` (every rank returned), ``failed``/``oom`` (a rank raised),
+``killed`` (a rank ended without a result: an exit code or a signal), ``timeout`` (the deadline
+passed first). When one rank fails its peers usually fail too ("connection closed by peer"); the
+root cause is taken in this order: an error a rank raised on its own (the earliest), a rank that
+died without a result, the peers' communication errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from perfkit.errors import BadInputError
+from perfkit.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
+
+__all__ = ["LaunchResult", "launch"]
+
+#: How often the launcher looks at the ranks' result files and torchrun's exit status.
+_POLL_S = 0.05
+#: After a rank has reported an error (or every rank its result), how long torchrun gets to stop
+#: the other ranks and exit before the launcher kills the tree itself.
+_TEARDOWN_GRACE_S = 10.0
+#: Characters of a rank's log kept in an error message.
+_LOG_TAIL_CHARS = 4000
+
+
+@dataclass(kw_only=True, frozen=True)
+class LaunchResult:
+    """How one multi-process launch ended."""
+
+    status: str
+    """``ok``, ``failed``, ``oom``, ``timeout`` or ``killed`` (:mod:`perfkit.status`)."""
+    rank_results: tuple
+    """Per local rank of this node (the global rank on one node): the dict the target returned,
+    or None where the rank returned nothing."""
+    error: str | None
+    """The first failing rank's error name, message and traceback (or exit code/signal and log
+    tail); None when ``ok``."""
+    failed_rank: int | None
+    """Global rank of the first failing rank, when one is known."""
+    rank_logs: tuple[str, ...]
+    """Each local rank's captured stdout+stderr text (e.g. for ``NCCL_DEBUG=INFO`` parsing)."""
+    wall_time_s: float
+    """Seconds from starting torchrun to the end of the launch, teardown included."""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise BadInputError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if len(self.rank_results) != len(self.rank_logs):
+            raise BadInputError("rank_results and rank_logs must have one entry per rank")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+def _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env):
+    module_name, sep, function_name = target.partition(":")
+    if not sep or not module_name or not function_name:
+        raise BadInputError(f"target must be 'module:function', got {target!r}")
+    if world_size < 1 or nnodes < 1:
+        raise BadInputError(f"world_size and nnodes must be >= 1, got {world_size} and {nnodes}")
+    if world_size % nnodes:
+        raise BadInputError(f"world_size {world_size} is not divisible by nnodes {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise BadInputError(f"node_rank must be in [0, {nnodes}), got {node_rank}")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise BadInputError("a launch over several nodes needs rdzv_endpoint (host:port)")
+    if not timeout_s > 0:
+        raise BadInputError(f"timeout_s must be positive, got {timeout_s}")
+    if any(not isinstance(k, str) or not isinstance(v, str) for k, v in (env or {}).items()):
+        raise BadInputError("env names and values must be strings")
+    if device not in ("cpu", "cuda"):
+        raise BadInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--nnodes", str(nnodes)]
+    if rdzv_endpoint:
+        # Every node of one job must agree on the id; one job per endpoint at a time.
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+                    "--rdzv-id", "perfkit", "--node-rank", str(node_rank)]
+    else:
+        command += ["--standalone"]  # c10d store on a free port: concurrent launches do not clash
+    command += [
+        "--max-restarts", "0",  # a failure is a result to record, never something to retry
+        "--monitor-interval", "0.1",
+        "--log-dir", os.path.join(work_dir, "torchrun"),  # instead of /tmp/torchelastic_*
+        "-m", "perfkit._rank_entry", job_path,
+    ]
+    return command
+
+
+def _descendants(root_pid: int) -> list[int]:
+    """Pids of every process below ``root_pid``, from ``/proc`` (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces; ppid is the second field after.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [root_pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen, rank_pids: list[int]) -> None:
+    pids = set(_descendants(proc.pid)) | set(rank_pids)
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # each worker leads its own session (torchrun's Popen)
+        except OSError:
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _reports(work_dir: str, nproc: int) -> list[dict | None]:
+    return [_read_json(os.path.join(work_dir, f"local{i}.json")) for i in range(nproc)]
+
+
+def _live_rank_pids(work_dir: str, nproc: int) -> list[int]:
+    """Pids the ranks wrote, that still run this launch's entry point (not a recycled pid)."""
+    pids = []
+    for i in range(nproc):
+        text = _read_text(os.path.join(work_dir, f"local{i}.pid")).strip()
+        if text.isdigit() and work_dir in _read_text(f"/proc/{text}/cmdline"):
+            pids.append(int(text))
+    return pids
+
+
+# torchrun's failure summary: one block per failed local rank, "rank : 1 (local_rank: 1)" then
+# "exitcode : -9 (pid: ...)"; negative codes are signals.
+_FAILURE_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*exitcode\s*:\s*(-?\d+)")
+# What a rank raises when a peer disappears: a consequence, never the cause, of a failure.
+_PEER_LOSS_NAMES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_PEER_LOSS_TEXT = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crashing|Broken pipe"
+    r"|remote process exited|communicator was aborted|Socket Timeout",
+    re.IGNORECASE,
+)
+
+
+def _is_peer_loss(report: dict) -> bool:
+    short = report["error_name"].rsplit(".", 1)[-1]
+    return short in _PEER_LOSS_NAMES or bool(_PEER_LOSS_TEXT.search(report.get("message", "")))
+
+
+def _exit_codes(torchrun_log: str) -> dict[int, tuple[int, int]]:
+    """Local rank -> (global rank, exit code) from torchrun's failure summary."""
+    return {int(m[2]): (int(m[1]), int(m[3])) for m in _FAILURE_BLOCK.finditer(torchrun_log)}
+
+
+def _silent_death(torchrun_log: str, reports, logs) -> tuple[str, int | None] | None:
+    """The rank that ended without a report (exit code or signal, log tail), if there is one.
+
+    torchrun sends SIGTERM to the survivors once one rank has failed, so a rank ended by SIGTERM
+    is taken as the cause only when no rank ended otherwise.
+    """
+    missing = [i for i, r in enumerate(reports) if r is None]
+    if not missing:
+        return None
+    codes = _exit_codes(torchrun_log)
+    known = [i for i in missing if i in codes]
+    primary = [i for i in known if codes[i][1] != -signal.SIGTERM]
+    if primary or known:
+        local_rank = (primary or known)[0]
+        rank, code = codes[local_rank]
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    else:
+        local_rank, rank = missing[0], None
+        how = "ended without a result (torchrun reported no exit code)"
+    tail = logs[local_rank][-_LOG_TAIL_CHARS:] or torchrun_log[-_LOG_TAIL_CHARS:]
+    who = f"rank {rank}" if rank is not None else f"local rank {local_rank}"
+    return f"{who} {how}; log tail:\n{tail}", rank
+
+
+def _earliest(reports: list[dict]) -> dict | None:
+    return min(reports, key=lambda r: r.get("time", float("inf"))) if reports else None
+
+
+def _format_error(report: dict) -> str:
+    return f"{report['error_name']}: {report['message']}\n{report['traceback']}"
+
+
+def launch(
+    target: str,
+    config: dict,
+    *,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    device: str = "cpu",
+) -> LaunchResult:
+    """Run ``target(config)`` on ``world_size`` ranks (over ``nnodes`` nodes) and collect results.
+
+    ``target`` is ``"module:function"``; the function takes the (JSON-serialisable) config and
+    returns a JSON-serialisable dict, after ``init_process_group(backend=backend)`` on every rank
+    (``gloo`` on CPU, ``nccl`` on CUDA and ROCm) with the rank's device set (``cuda``:
+    ``LOCAL_RANK``). ``env`` is added to the launched processes' environment only. One node uses
+    torchrun's ``--standalone`` rendezvous unless ``rdzv_endpoint`` is given (required with
+    several nodes; every node calls ``launch`` with its ``node_rank``). The launch ends within
+    ``timeout_s`` plus a few seconds of teardown whatever the ranks do.
+    """
+    _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env)
+    config_text = json.dumps(config)  # bad config is the caller's error, before anything starts
+    nproc = world_size // nnodes
+    work_dir = tempfile.mkdtemp(prefix="perfkit-launch-")
+    try:
+        job_path = os.path.join(work_dir, "job.json")
+        with open(job_path, "w") as f:
+            f.write(json.dumps({
+                "target": target, "config": json.loads(config_text), "backend": backend,
+                "device": device, "timeout_s": timeout_s, "work_dir": work_dir,
+                "sys_path": [p for p in sys.path if isinstance(p, str)],
+            }))
+        child_env = {**os.environ, **(env or {})}
+        command = _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint)
+        return _supervise(command, child_env, work_dir, nproc, timeout_s)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _supervise(command, child_env, work_dir, nproc, timeout_s) -> LaunchResult:
+    torchrun_log_path = os.path.join(work_dir, "torchrun.log")
+    start = time.monotonic()
+    deadline = start + timeout_s
+    with open(torchrun_log_path, "wb") as log:
+        proc = subprocess.Popen(command, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    timed_out = False
+    settle_by = None  # set once the outcome is known: torchrun gets until then to exit
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if settle_by is None:
+                reports = _reports(work_dir, nproc)
+                if any(r is not None and not r.get("ok") for r in reports) or all(
+                    r is not None for r in reports
+                ):
+                    settle_by = min(now + _TEARDOWN_GRACE_S, deadline)
+            if now >= (settle_by if settle_by is not None else deadline):
+                timed_out = settle_by is None
+                break
+            time.sleep(_POLL_S)
+    finally:
+        # Also on KeyboardInterrupt in a notebook: never leave ranks behind.
+        if proc.poll() is None or _live_rank_pids(work_dir, nproc):
+            _kill_tree(proc, _live_rank_pids(work_dir, nproc))
+    reports = _reports(work_dir, nproc)
+    results = tuple(r["result"] if r and r.get("ok") else None for r in reports)
+    logs = tuple(_read_text(os.path.join(work_dir, f"local{i}.log")) for i in range(nproc))
+    torchrun_log = _read_text(torchrun_log_path)
+    wall_time_s = time.monotonic() - start
+
+    def result(status, error=None, failed_rank=None):
+        return LaunchResult(status=status, rank_results=results, error=error,
+                            failed_rank=failed_rank, rank_logs=logs, wall_time_s=wall_time_s)
+
+    # Root cause first: an error a rank raised on its own, then a rank that died without a
+    # report (its peers then fail with "connection closed"), then those peers' errors.
+    errors = [r for r in reports if r is not None and not r.get("ok")]
+    own = _earliest([r for r in errors if not _is_peer_loss(r)])
+    if own is not None:
+        return result(status_for_error(own["error_name"], own["message"]), _format_error(own),
+                      own["rank"])
+    if all(r is not None and r.get("ok") for r in reports):
+        return result(OK)
+    if timed_out:
+        waiting = [i for i, r in enumerate(reports) if r is None]
+        return result(TIMEOUT, f"no result within {timeout_s:g} s from local ranks {waiting}; "
+                               f"the process tree was killed")
+    death = _silent_death(torchrun_log, reports, logs)
+    if death is not None:
+        return result(KILLED, *death)
+    peer = _earliest(errors)
+    return result(status_for_error(peer["error_name"], peer["message"]), _format_error(peer),
+                  peer["rank"])

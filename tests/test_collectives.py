@@ -1,0 +1,243 @@
+"""Collectives: nccl-tests busbw factors, every op on 2 real gloo ranks with a correctness check,
+the check catching a corrupted result, and a rank dying mid-benchmark through launch()."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from perfkit.collectives import (
+    COLLECTIVES, CollectivesConfig, busbw_factor, message_bytes, reduce_rank_results, run_collectives,
+)
+from perfkit.errors import BadInputError, ExecutionFailed
+from perfkit.launch import LaunchResult, launch
+
+# formulas.md, written out per n so a wrong formula cannot agree with itself.
+_FACTORS = {
+    2: {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5,
+        "broadcast": 1.0, "send_recv": 1.0},
+    4: {"all_reduce": 1.5, "all_gather": 0.75, "reduce_scatter": 0.75, "all_to_all": 0.75,
+        "broadcast": 1.0, "send_recv": 1.0},
+    8: {"all_reduce": 1.75, "all_gather": 0.875, "reduce_scatter": 0.875, "all_to_all": 0.875,
+        "broadcast": 1.0, "send_recv": 1.0},
+}
+
+# Tiny sizes: the point is correctness and plumbing, not bandwidth, on 2 shared cores.
+_SMALL = dict(min_bytes=64, max_bytes=4096, factor=8, warmup_iters=1, iters=3, timeout_s=120)
+
+
+@pytest.mark.parametrize("n", sorted(_FACTORS))
+@pytest.mark.parametrize("op", COLLECTIVES)
+def test_busbw_factor_matches_formulas_table(op, n):
+    assert busbw_factor(op, n) == pytest.approx(_FACTORS[n][op])
+
+
+def test_message_bytes_counts_every_rank_chunk_only_for_per_rank_ops():
+    # count 1000 float32 on 4 ranks
+    assert message_bytes("all_reduce", 1000, 4, 4) == 4000
+    assert message_bytes("broadcast", 1000, 4, 4) == 4000
+    assert message_bytes("send_recv", 1000, 4, 4) == 4000
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert message_bytes(op, 1000, 4, 4) == 16000
+    with pytest.raises(BadInputError):
+        message_bytes("all_reduce_v", 1, 4, 2)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(ops=("gather_v",)), "ops must be"),
+    (dict(ops=("all_reduce",), inplace=(False,)), "only the in-place form"),
+    (dict(ops=("all_to_all",), inplace=(True,)), "only the out-of-place form"),
+    (dict(ops=("send_recv",), world_size=1), "send_recv needs world_size >= 2"),
+    (dict(min_bytes=10, max_bytes=5), "min_bytes"),
+    (dict(factor=1), "factor"),
+    (dict(dtype="floatish"), "dtype"),
+    (dict(backend="mpi"), "backend"),
+    (dict(ops=("broadcast",), corrupt=("all_reduce",)), "corrupt"),
+    (dict(iters=0), "iters"),
+])
+def test_config_rejects_bad_input(kwargs, fragment):
+    with pytest.raises(BadInputError, match=fragment):
+        CollectivesConfig(**kwargs)
+
+
+def test_config_sizes_and_round_trip():
+    cfg = CollectivesConfig(min_bytes=1000, max_bytes=100_000, factor=10, env={"NCCL_ALGO": "Ring"})
+    assert cfg.sizes() == [1000, 10_000, 100_000]
+    again = CollectivesConfig(**json.loads(json.dumps(cfg.to_dict())))
+    assert again.to_dict() == cfg.to_dict()
+    assert again.ops == COLLECTIVES and again.inplace == (False, True)
+
+
+@pytest.fixture(scope="module")
+def clean_run() -> pd.DataFrame:
+    cfg = CollectivesConfig(**_SMALL, env={"GLOO_SOCKET_IFNAME": "lo", "NCCL_ALGO": "Ring"})
+    return run_collectives(cfg)
+
+
+def test_every_collective_runs_on_two_gloo_ranks_with_no_wrong_elements(clean_run):
+    df = clean_run
+    expected_points = {
+        ("all_reduce", True), ("broadcast", True), ("all_to_all", False), ("send_recv", False),
+        ("all_gather", False), ("all_gather", True), ("reduce_scatter", False), ("reduce_scatter", True),
+    }
+    assert set(zip(df["op"], df["inplace"])) == expected_points
+    assert len(df) == len(expected_points) * 3  # sizes 64, 512, 4096
+    assert (df["wrong_elements"] == 0).all(), df[["op", "inplace", "size_bytes", "wrong_elements"]]
+    assert df["rank_wrong_elements"].map(len).eq(2).all()
+    assert (df["world_size"] == 2).all() and (df["backend"] == "gloo").all()
+
+
+def test_rows_follow_nccl_tests_sizes_and_bandwidth(clean_run):
+    df = clean_run
+    # S rounded down to a whole count; count per rank (per chunk) for the per-rank-chunk ops.
+    ag = df[(df["op"] == "all_gather") & ~df["inplace"]].sort_values("size_bytes")
+    assert ag["size_bytes"].tolist() == [64, 512, 4096]
+    assert ag["count"].tolist() == [8, 64, 512]  # float32, 2 ranks: S = count × 4 × 2
+    ar = df[df["op"] == "all_reduce"].sort_values("size_bytes")
+    assert ar["count"].tolist() == [16, 128, 1024]
+    for _, row in df.iterrows():
+        assert row["time_s"] == max(row["rank_median_time_s"])
+        assert row["time_s"] == pytest.approx(pd.Series(row["time_samples_s"]).median())
+        assert len(row["rank_time_samples_s"]) == 2
+        assert all(len(s) == _SMALL["iters"] for s in row["rank_time_samples_s"])
+        assert row["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / row["time_s"])
+        assert row["busbw_bytes_per_s"] == pytest.approx(
+            row["algbw_bytes_per_s"] * busbw_factor(row["op"], 2))
+
+
+def test_gloo_rows_record_knobs_and_say_check_not_verifiable(clean_run):
+    df = clean_run
+    assert set(df["knobs"]) == {json.dumps({"GLOO_SOCKET_IFNAME": "lo", "NCCL_ALGO": "Ring"}, sort_keys=True)}
+    assert (df["knob_check"] == "not_verifiable").all()
+    assert df["algo_observed"].isna().all()
+
+
+def test_check_catches_a_deliberately_corrupted_result():
+    # bf16 too: the check's known data must be exact there, or clean elements would count.
+    cfg = CollectivesConfig(**{**_SMALL, "max_bytes": 64}, corrupt=COLLECTIVES, dtype="bfloat16")
+    df = run_collectives(cfg)
+    assert len(df) == 8
+    # One element corrupted on the last rank, for every op and form: the check counts exactly it.
+    assert (df["wrong_elements"] == 1).all(), df[["op", "inplace", "wrong_elements"]]
+    assert all(list(w) == [0, 1] for w in df["rank_wrong_elements"])
+    assert (df["dtype"] == "bfloat16").all()
+    assert df[df["op"] == "all_reduce"]["count"].tolist() == [32]  # 64 bytes of 2-byte elements
+
+
+def _rank_result(rank, samples, wrong=0, op="all_reduce", size=4096):
+    return {"rank": rank, "world_size": 2, "backend": "gloo", "device": "cpu", "dtype": "float32",
+            "entries": [{"op": op, "inplace": True, "count": size // 4, "size_bytes": size,
+                         "samples_s": samples, "wrong_elements": wrong}]}
+
+
+def test_reduction_takes_max_over_ranks_of_median_and_keeps_samples():
+    cfg = CollectivesConfig(world_size=2)
+    ranks = [_rank_result(0, [1.0, 2.0, 9.0]), _rank_result(1, [3.0, 3.0, 4.0], wrong=2)]
+    row = reduce_rank_results(ranks, cfg).iloc[0]
+    assert row["rank_median_time_s"] == [2.0, 3.0]
+    assert row["time_s"] == 3.0 and row["slowest_rank"] == 1
+    assert row["time_mean_s"] == 4.0  # rank 0's mean: the max of the per-rank means
+    assert row["time_samples_s"] == [3.0, 3.0, 4.0]
+    assert row["rank_time_samples_s"] == [[1.0, 2.0, 9.0], [3.0, 3.0, 4.0]]
+    assert row["algbw_bytes_per_s"] == pytest.approx(4096 / 3.0)
+    assert row["busbw_bytes_per_s"] == pytest.approx(4096 / 3.0 * 1.0)  # 2(n-1)/n = 1 at n = 2
+    assert row["wrong_elements"] == 2
+
+
+def test_reduction_rejects_ranks_that_disagree():
+    cfg = CollectivesConfig(world_size=2)
+    with pytest.raises(BadInputError, match="disagree"):
+        reduce_rank_results([_rank_result(0, [1.0]), _rank_result(1, [1.0], size=8192)], cfg)
+    with pytest.raises(BadInputError, match="every rank"):
+        reduce_rank_results([_rank_result(0, [1.0]), None], cfg)
+
+
+_RANK0_LOG = """\
+NCCL version 2.27.5+cuda12.9
+h:1:1 [0] NCCL INFO NCCL_ALGO set by environment to Ring
+h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo {algo} proto SIMPLE channel{{Lo..Hi}}={{0..1}}
+h:1:1 [0] NCCL INFO AllReduce: 8 Bytes -> Algo TREE proto LL channel{{Lo..Hi}}={{0..0}}
+"""
+
+
+@pytest.mark.parametrize("algo, verdict", [("RING", "honoured"), ("TREE", "not_honoured")])
+def test_nccl_rows_carry_the_knob_check_of_their_own_size(algo, verdict):
+    cfg = CollectivesConfig(world_size=2, backend="nccl", env={"NCCL_ALGO": "Ring"})
+    ranks = [_rank_result(0, [1e-3]), _rank_result(1, [1e-3])]
+    logs = (_RANK0_LOG.format(algo=algo), "h:2:2 [1] NCCL INFO NCCL_ALGO set by environment to Ring\n")
+    row = reduce_rank_results(ranks, cfg, logs).iloc[0]
+    # the 8-byte TREE line (another call, e.g. torch's barrier) does not count against 4096 bytes
+    assert row["knob_check"] == verdict
+    assert row["algo_observed"] == algo
+    detail = json.loads(row["knob_check_detail"])
+    assert detail[0]["knob"] == "NCCL_ALGO" and detail[0]["echoed"] == "Ring"
+
+
+def test_nccl_p2p_rows_are_unverifiable_for_algo():
+    cfg = CollectivesConfig(world_size=2, backend="nccl", env={"NCCL_ALGO": "Ring"})
+    ranks = [_rank_result(r, [1e-3], op="send_recv") for r in (0, 1)]
+    row = reduce_rank_results(ranks, cfg, (_RANK0_LOG.format(algo="RING"), "")).iloc[0]
+    assert row["knob_check"] == "unverifiable"
+
+
+def test_run_collectives_raises_execution_failed_on_a_failed_launch(monkeypatch):
+    import perfkit.launch
+
+    seen = {}
+
+    def fake_launch(target, config, **kwargs):
+        seen.update(kwargs, target=target)
+        return LaunchResult(status="killed", rank_results=(None, None), error="rank 1 killed by signal SIGKILL",
+                            failed_rank=1, rank_logs=("", ""), wall_time_s=1.0)
+
+    monkeypatch.setattr(perfkit.launch, "launch", fake_launch)
+    cfg = CollectivesConfig(backend="nccl", env={"NCCL_PROTO": "Simple"})
+    with pytest.raises(ExecutionFailed) as info:
+        run_collectives(cfg)
+    assert info.value.status == "killed" and "SIGKILL" in info.value.message
+    assert seen["target"] == "perfkit.collectives:collectives_rank"
+    assert seen["device"] == "cuda" and seen["backend"] == "nccl"
+    # knobs reach the ranks, with the debug variables the knob check needs
+    assert seen["env"]["NCCL_PROTO"] == "Simple" and seen["env"]["NCCL_DEBUG"] == "INFO"
+    assert "TUNING" in seen["env"]["NCCL_DEBUG_SUBSYS"].split(",")
+    # a subsystem the user asked for is kept
+    run = CollectivesConfig(backend="nccl", env={"NCCL_DEBUG_SUBSYS": "COLL"})
+    with pytest.raises(ExecutionFailed):
+        run_collectives(run)
+    assert seen["env"]["NCCL_DEBUG_SUBSYS"].split(",") == ["COLL", "INIT", "ENV", "TUNING"]
+
+
+def _sabotaged(target, timeout_s):
+    cfg = CollectivesConfig(**{**_SMALL, "ops": ("all_reduce",), "iters": 50}, world_size=2)
+    return launch(f"_collective_targets:{target}", {**cfg.to_dict(), "die_on_call": 4},
+                  world_size=2, backend="gloo", timeout_s=timeout_s)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_benchmark_ends_the_launch_as_killed_with_its_error():
+    result = _sabotaged("die_mid_benchmark", timeout_s=60)
+    assert result.status == "killed", result.error
+    assert result.failed_rank == 1
+    assert "SIGKILL" in result.error
+    assert "killing itself mid-benchmark" in result.rank_logs[1]
+    assert result.wall_time_s < 60 + 15  # the deadline plus the launcher's teardown grace
+
+
+@pytest.mark.slow
+def test_a_rank_hung_mid_benchmark_ends_the_launch_as_timeout():
+    # The deadline must leave room for two torch start-ups on 2 busy cores before the hang.
+    result = _sabotaged("hang_mid_benchmark", timeout_s=20)
+    assert result.status == "timeout", result.error
+    assert "no result within 20 s" in result.error
+    assert "hanging mid-benchmark" in result.rank_logs[1]
+    assert result.wall_time_s < 20 + 15
+
+
+@pytest.mark.slow
+def test_a_rank_raising_mid_benchmark_records_its_error():
+    result = _sabotaged("raise_mid_benchmark", timeout_s=60)
+    assert result.status == "failed"
+    assert result.failed_rank == 1
+    assert "deliberate failure of rank 1 mid-benchmark" in result.error

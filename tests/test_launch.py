@@ -1,0 +1,207 @@
+"""The launcher, with real torchrun and gloo processes (2 ranks).
+
+The rank targets live in this module: ``launch`` hands the caller's ``sys.path`` to the ranks, so
+``f"{__name__}:fn"`` is importable there however pytest imported this file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import pytest
+
+from perfkit.errors import BadInputError
+from perfkit.launch import LaunchResult, launch
+
+pytestmark = pytest.mark.slow
+
+# Generous: torchrun plus `import torch` on two loaded cores takes several seconds per launch.
+TIMEOUT_S = 60.0
+# What the launcher may take beyond its deadline: killing the tree and reading the files.
+SLACK_S = 10.0
+
+
+def _target(name: str) -> str:
+    return f"{__name__}:{name}"
+
+
+# ---- rank targets ------------------------------------------------------------------------------
+
+
+def allreduce_target(config: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    x = torch.tensor([float(rank + 1)]) * config["scale"]
+    dist.all_reduce(x)
+    print(f"rank {rank} reduced {x.item()}")
+    return {"rank": rank, "world_size": dist.get_world_size(), "sum": x.item(),
+            "backend": dist.get_backend()}
+
+
+def raise_on_rank1_target(config: dict) -> dict:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("bad value on purpose")
+    dist.barrier()  # rank 0 waits here for a peer that is gone
+    return {}
+
+
+def exit_on_rank1_target(config: dict) -> dict:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        print("rank 1 leaving early", flush=True)
+        os._exit(3)
+    dist.barrier()
+    return {}
+
+
+def signal_on_rank1_target(config: dict) -> dict:
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        print("rank 1 about to die", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
+    dist.barrier()
+    return {}
+
+
+def hang_on_rank1_target(config: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(3600)  # never joins the collective
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return {}
+
+
+def env_target(config: dict) -> dict:
+    return {"knob": os.environ.get(config["name"])}
+
+
+def memory_error_target(config: dict) -> dict:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        raise MemoryError("pretend the allocator ran out")
+    return {}
+
+
+# ---- tests -------------------------------------------------------------------------------------
+
+
+def test_allreduce_returns_per_rank_results_and_logs(tmp_path, monkeypatch):
+    # A private temp root for the launcher (tempfile.tempdir) and for torchrun and the ranks
+    # (TMPDIR): whatever either leaves behind shows up here, and nobody else's launches do.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = launch(_target("allreduce_target"), {"scale": 2.0}, world_size=2, backend="gloo",
+                    timeout_s=TIMEOUT_S, env={"TMPDIR": str(tmp_path)})
+    assert isinstance(result, LaunchResult)
+    assert result.status == "ok", result.error
+    assert result.error is None and result.failed_rank is None
+    # (1 + 2) * 2 on every rank, each rank reporting itself
+    assert [r["rank"] for r in result.rank_results] == [0, 1]
+    assert all(r["sum"] == 6.0 and r["world_size"] == 2 for r in result.rank_results)
+    assert all(r["backend"] == "gloo" for r in result.rank_results)
+    assert "rank 0 reduced 6.0" in result.rank_logs[0]
+    assert "rank 1 reduced 6.0" in result.rank_logs[1]
+    assert result.wall_time_s > 0
+    # Neither torchrun's log dirs (torchelastic_*) nor the launcher's own dir are left behind.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_raising_rank_fails_with_its_traceback_and_rank():
+    result = launch(_target("raise_on_rank1_target"), {}, world_size=2, backend="gloo",
+                    timeout_s=TIMEOUT_S)
+    assert result.status == "failed"
+    assert result.failed_rank == 1
+    assert "ValueError" in result.error and "bad value on purpose" in result.error
+    assert "raise_on_rank1_target" in result.error  # the traceback, not just the message
+    assert result.rank_results[1] is None
+    assert result.wall_time_s < TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    "target, how, said",
+    [("exit_on_rank1_target", "exit code 3", "rank 1 leaving early"),
+     ("signal_on_rank1_target", "signal SIGKILL", "rank 1 about to die")],
+)
+def test_rank_ending_early_is_killed_with_exit_code_and_log_tail(target, how, said):
+    # Rank 0 then fails with "connection closed by peer": the dead rank is still the cause.
+    result = launch(_target(target), {}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
+    assert result.status == "killed", result.error
+    assert result.failed_rank == 1
+    assert how in result.error
+    assert said in result.error  # the log tail travels with the error
+    assert result.wall_time_s < TIMEOUT_S
+
+
+def test_hanging_rank_times_out_within_the_deadline():
+    timeout_s = 15.0
+    t0 = time.monotonic()
+    result = launch(_target("hang_on_rank1_target"), {}, world_size=2, backend="gloo",
+                    timeout_s=timeout_s)
+    elapsed = time.monotonic() - t0
+    assert result.status == "timeout"
+    assert "local ranks [0, 1]" in result.error
+    assert elapsed < timeout_s + SLACK_S
+    # Every rank was killed with the tree.
+    for log in result.rank_logs:
+        assert "Traceback" not in log
+
+
+def test_env_reaches_ranks_but_not_the_caller():
+    name = "PERFKIT_TEST_LAUNCH_KNOB"
+    assert name not in os.environ
+    result = launch(_target("env_target"), {"name": name}, world_size=2, backend="gloo",
+                    timeout_s=TIMEOUT_S, env={name: "ring"})
+    assert result.status == "ok", result.error
+    assert [r["knob"] for r in result.rank_results] == ["ring", "ring"]
+    assert name not in os.environ
+
+
+def test_memory_error_in_a_rank_is_oom():
+    result = launch(_target("memory_error_target"), {}, world_size=2, backend="gloo",
+                    timeout_s=TIMEOUT_S)
+    assert result.status == "oom"
+    assert result.failed_rank == 0
+    assert "MemoryError" in result.error
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"target": "no_colon", "world_size": 2},
+        {"target": "m:f", "world_size": 0},
+        {"target": "m:f", "world_size": 3, "nnodes": 2, "rdzv_endpoint": "h:1"},
+        {"target": "m:f", "world_size": 2, "nnodes": 2},  # several nodes need an endpoint
+        {"target": "m:f", "world_size": 2, "device": "tpu"},
+        {"target": "m:f", "world_size": 2, "env": {"NCCL_ALGO": 1}},  # not a string
+    ],
+)
+def test_bad_input_is_rejected_before_anything_starts(kwargs):
+    kwargs = {"backend": "gloo", "timeout_s": 5.0, **kwargs}
+    target = kwargs.pop("target")
+    with pytest.raises(BadInputError):
+        launch(target, {}, **kwargs)
+
+
+def test_explicit_c10d_endpoint_on_one_node():
+    import socket
+
+    with socket.socket() as s:  # a free port for the rendezvous store
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = launch(_target("allreduce_target"), {"scale": 1.0}, world_size=2, backend="gloo",
+                    timeout_s=TIMEOUT_S, rdzv_endpoint=f"localhost:{port}")
+    assert result.status == "ok", result.error
+    assert [r["sum"] for r in result.rank_results] == [3.0, 3.0]

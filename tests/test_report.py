@@ -1,0 +1,127 @@
+"""The standalone report: sections from recorded rows, failures, fingerprints, escaping, and a
+real headless Chromium that must render every bokeh plot without a JavaScript error."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perfkit.env import fingerprint, flat_columns
+from perfkit.report import write_report
+from perfkit.results import write_rows
+
+EVIL = "<script>alert('pwned')</script>"
+
+
+def _gemm_rows(env, dtype="fp32", config="gemm-a"):
+    rows = []
+    for size in (64, 128, 256):
+        t = 2 * size ** 3 / 1e11
+        rows.append({"config_id": config, "workload": "gemm", "status": "ok", "reason": None, "size": size,
+                     "dtype": dtype, "flop": 2 * size ** 3, "time_s": t, "time_iqr_s": t * 0.02, "noisy": False,
+                     "time_samples_s": [t, t], "flop_per_s": 2 * size ** 3 / t, "bytes_per_s": 1e9, **env})
+    return rows
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    env = flat_columns(fingerprint("cpu"))
+    write_rows(pd.DataFrame(_gemm_rows(env) + _gemm_rows(env, dtype=EVIL, config="gemm-b")),
+               tmp_path / "results" / "gemm.parquet")
+    failed = {**env, "config_id": "train-x", "workload": "train_step", "status": "oom",
+              "reason": f"OutOfMemoryError: {EVIL}", "batch_size": 4096}
+    skipped = {**env, "config_id": "gemm-c", "workload": "gemm", "status": "skipped",
+               "reason": "tf32 needs an NVIDIA GPU", "dtype": "tf32"}
+    write_rows(pd.DataFrame([failed, skipped]), tmp_path / "results" / "other.parquet")
+    return tmp_path
+
+
+def test_report_has_sections_failures_and_fingerprint(results_dir):
+    html = write_report(results_dir, results_dir / "report.html").read_text()
+    assert "GEMM throughput" in html
+    assert "Failed, oom, timeout, killed and skipped configurations" in html
+    assert "train-x" in html and "gemm-c" in html and "tf32 needs an NVIDIA GPU" in html
+    assert "Environment fingerprints" in html
+    assert "cdn.bokeh.org" not in html  # resources inlined
+
+
+def test_data_labels_are_escaped(results_dir):
+    html = write_report(results_dir, results_dir / "report.html").read_text()
+    assert EVIL not in html
+    # The failures table escapes it once; bokeh escapes its embedded document again.
+    assert "&amp;lt;script&amp;gt;alert(&amp;#x27;pwned&amp;#x27;)&amp;lt;/script&amp;gt;" in html
+
+
+def test_mixed_environments_are_flagged(results_dir):
+    env = flat_columns(fingerprint("cpu"))
+    other = {**env, "env_torch": "2.99.0", "env_fingerprint_id": "other"}
+    write_rows(pd.DataFrame(_gemm_rows(other, config="gemm-z")), results_dir / "results" / "z.parquet")
+    html = write_report(results_dir, results_dir / "report.html").read_text()
+    assert "Rows from different environments" in html and "2.99.0" in html
+
+
+def test_sections_only_when_rows_exist(tmp_path):
+    env = flat_columns(fingerprint("cpu"))
+    write_rows(pd.DataFrame([{**env, "config_id": "x", "status": "failed", "reason": "boom"}]),
+               tmp_path / "results" / "x.parquet")
+    html = write_report(tmp_path, tmp_path / "r.html").read_text()
+    assert "GEMM throughput</h2>" not in html.replace("&lt;", "<") and "boom" in html
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@pytest.mark.slow
+def test_report_renders_in_a_real_browser(results_dir):
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
+    report = write_report(results_dir, results_dir / "report.html")
+    errors, console = [], []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1200, "height": 1600})
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: console.append((msg.type, msg.text)))
+        failed_requests = []
+        page.on("requestfailed", lambda r: failed_requests.append(r.url[:200]))
+        dialogs = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(report.as_uri())
+        page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0", timeout=30_000)
+        # Bokeh 3 draws into canvases inside shadow roots: walk them to count.
+        count_canvases = """() => {
+            const walk = (root) => Array.from(root.querySelectorAll('*')).reduce(
+                (n, el) => n + (el.tagName === 'CANVAS' ? 1 : 0) + (el.shadowRoot ? walk(el.shadowRoot) : 0), 0);
+            return walk(document);
+        }"""
+        page.wait_for_function(f"() => ({count_canvases})() > 0", timeout=30_000)
+        n_canvas = page.evaluate(count_canvases)
+        body_text = page.evaluate("""() => {  // text of the page, shadow roots included
+            const walk = (root) => Array.from(root.querySelectorAll('*')).map(
+                el => (el.shadowRoot ? walk(el.shadowRoot) : '')).join(' ') + ' ' + (root.textContent || '');
+            return walk(document);
+        }""")
+        n_plots = page.evaluate("""() => Bokeh.documents[0].roots().flatMap(r => [r, ...(r.children || [])])
+                                   .filter(m => m.type === 'Figure' || m.constructor.name === 'Figure').length""")
+        shot = Path(os.environ.get("PERFKIT_SCREENSHOT_DIR", results_dir)) / "report.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert not errors, errors
+    assert not failed_requests, failed_requests
+    assert not dialogs, dialogs  # the <script> label never ran
+    assert not [text for kind, text in console if kind == "error"], console
+    assert n_plots >= 1 and n_canvas >= n_plots
+    assert "OutOfMemoryError: <script>alert('pwned')</script>" in body_text  # shown as text
+    assert shot.stat().st_size > 10_000
