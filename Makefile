@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	else \
 	  echo "installing $(TORCH_SPEC)"; $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)" $(TORCH_INDEX); \
 	fi
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,slurm]'
 	$(PY) -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit ($(VENV))" >/dev/null
 	@touch $(STAMP)
 
@@ -45,7 +45,7 @@ demo: venv
 # The unit/integration tests and the notebooks (nbval, small default parameters) in one run.
 # Rows that notebooks record when run by nbval go to a temp dir, not into the tree.
 test: venv browser
-	PERFKIT_OUT=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 test-fast: venv
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider

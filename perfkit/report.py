@@ -19,7 +19,7 @@ import pandas as pd
 from . import plots
 from .results import load
 
-__all__ = ["Section", "SECTIONS", "build_report", "write_report"]
+__all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report"]
 
 #: Fingerprint facts whose mix within one plot makes comparisons suspect.
 _COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip")
@@ -74,6 +74,28 @@ def _cell(value) -> str:
     return html.escape(str(value))
 
 
+def sections(df: pd.DataFrame) -> list[tuple[str, object]]:
+    """(title, holoviews object) for every section whose rows ``df`` holds, in report order.
+
+    ``notebooks/report.ipynb`` displays these live; :func:`build_report` renders them to HTML."""
+    out = []
+    for section in SECTIONS:
+        rows = section.select(df)
+        if not rows.empty:
+            out.append((section.title, section.build(rows, df)))
+    return out
+
+
+def failures_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration that did not end ok: its status, reason and parameters."""
+    bad = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
+    cols = [c for c in ("config_id", "notebook", "status", "reason") if c in bad]
+    params = [c for c in bad.columns if c not in cols and not str(c).startswith("env_") and c not in
+              {"recorded_at", "noisy"} and not str(c).endswith("_samples_s") and bad[c].notna().any()]
+    keys = ["config_id", "status"] if "config_id" in bad else None
+    return bad[cols + params[:8]].drop_duplicates(subset=keys).reset_index(drop=True)
+
+
 def _table_html(frame: pd.DataFrame, max_rows: int = 500) -> str:
     shown = frame.head(max_rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
@@ -86,13 +108,9 @@ def _table_html(frame: pd.DataFrame, max_rows: int = 500) -> str:
 
 
 def _failures(df: pd.DataFrame) -> str:
-    bad = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
-    if bad.empty:
+    table = failures_table(df)
+    if table.empty:
         return "<h2>Failures</h2><p>Every configuration ended ok.</p>"
-    cols = [c for c in ("config_id", "notebook", "status", "reason") if c in bad]
-    params = [c for c in bad.columns if c not in cols and not c.startswith("env_") and c not in
-              {"recorded_at", "noisy"} and not c.endswith("_samples_s") and bad[c].notna().any()]
-    table = bad[cols + params[:8]].drop_duplicates(subset=["config_id", "status"] if "config_id" in bad else None)
     counts = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in table["status"].value_counts().items())
     return f"<h2>Failed, oom, timeout, killed and skipped configurations</h2><p>{counts}</p>{_table_html(table)}"
 
@@ -137,13 +155,10 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
     parts = [Div(text=f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, "
                       f"{len(df)} rows ({summary}); generated {stamp}.</p>", sizing_mode="stretch_width")]
     shown = []
-    for section in SECTIONS:
-        rows = section.select(df)
-        if rows.empty:
-            continue
-        shown.append(section.title)
-        parts.append(Div(text=f"<h2>{html.escape(section.title)}</h2>"))
-        parts.append(hv.render(section.build(rows, df), backend="bokeh"))
+    for title, obj in sections(df):
+        shown.append(title)
+        parts.append(Div(text=f"<h2>{html.escape(title)}</h2>"))
+        parts.append(hv.render(obj, backend="bokeh"))
     parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
     parts.append(Div(text=_environment(df), sizing_mode="stretch_width"))
     layout = column(*parts)
