@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from perfkit.errors import BadInputError
 from perfkit.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
-__all__ = ["LaunchResult", "launch"]
+__all__ = ["LaunchResult", "launch", "slurm_rendezvous"]
 
 #: How often the launcher looks at the ranks' result files and torchrun's exit status.
 _POLL_S = 0.05
@@ -343,3 +343,43 @@ def _supervise(command, child_env, work_dir, nproc, timeout_s) -> LaunchResult:
     peer = _earliest(errors)
     return result(status_for_error(peer["error_name"], peer["message"]), _format_error(peer),
                   peer["rank"])
+
+
+def _expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compact host list (``gpu[01-03,07],login1``) → host names, as scontrol would."""
+    hosts, depth, token = [], 0, ""
+    for ch in nodelist + ",":
+        if ch == "," and depth == 0:
+            match = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", token)
+            if match:
+                prefix, ranges, suffix = match.groups()
+                for part in ranges.split(","):
+                    lo, _, hi = part.partition("-")
+                    for i in range(int(lo), int(hi or lo) + 1):
+                        hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
+            elif token:
+                hosts.append(token)
+            token = ""
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        token += ch
+    return hosts
+
+
+def slurm_rendezvous(port: int = 29500, environ: Mapping[str, str] | None = None) -> dict:
+    """``nnodes``, ``node_rank`` and ``rdzv_endpoint`` for :func:`launch` inside a Slurm allocation.
+
+    The sbatch shape is one task per node (``--nodes=N --ntasks-per-node=1``), each task running
+    ``launch(..., **slurm_rendezvous())`` with ``world_size = N × GPUs per node``; torchrun's c10d
+    rendezvous meets on the allocation's first node (``SLURM_JOB_NODELIST``)."""
+    env = os.environ if environ is None else environ
+    try:
+        nnodes, node_rank, nodelist = int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), env["SLURM_JOB_NODELIST"]
+    except KeyError as missing:
+        raise BadInputError(f"not inside a Slurm allocation ({missing.args[0]} is unset); "
+                            "pass nnodes, node_rank and rdzv_endpoint yourself") from None
+    hosts = _expand_nodelist(nodelist)
+    if not hosts:
+        raise BadInputError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
+    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": f"{hosts[0]}:{port}"}

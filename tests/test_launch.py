@@ -205,3 +205,36 @@ def test_explicit_c10d_endpoint_on_one_node():
                     timeout_s=TIMEOUT_S, rdzv_endpoint=f"localhost:{port}")
     assert result.status == "ok", result.error
     assert [r["sum"] for r in result.rank_results] == [3.0, 3.0]
+
+
+def test_slurm_rendezvous_reads_the_allocation():
+    from perfkit.launch import _expand_nodelist, slurm_rendezvous
+
+    assert _expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert _expand_nodelist("n[8-10]") == ["n8", "n9", "n10"]
+    env = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[12-15]"}
+    assert slurm_rendezvous(port=29411, environ=env) == {"nnodes": 4, "node_rank": 2,
+                                                          "rdzv_endpoint": "gpu12:29411"}
+    with pytest.raises(BadInputError, match="not inside a Slurm allocation"):
+        slurm_rendezvous(environ={})
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_through_a_c10d_rendezvous():
+    # Two "nodes" on this machine: two launches of one rank each, node_rank 0 and 1, meeting at
+    # one c10d endpoint — the same code path as one torchrun per node of a Slurm allocation.
+    import concurrent.futures as cf
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = dict(world_size=2, backend="gloo", timeout_s=TIMEOUT_S, nnodes=2,
+                  rdzv_endpoint=f"127.0.0.1:{port}")
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(launch, _target("allreduce_target"), {"scale": 1.0}, node_rank=r, **common)
+                   for r in (0, 1)]
+        results = [f.result() for f in futures]
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    ranks = sorted(r.rank_results[0]["rank"] for r in results)
+    assert ranks == [0, 1]  # one global rank per node
