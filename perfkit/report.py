@@ -63,8 +63,19 @@ def _local_cpu_name() -> str:
     return cpu_model_name()
 
 
+def _roofline(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .plots.roofline import roofline_section
+
+    return roofline_section(rows, all_rows)
+
+
 SECTIONS: list[Section] = [
+    Section(title="Roofline", select=_workload("roofline"), build=_roofline),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
+    Section(title="Collective bus bandwidth", select=_workload("collectives"),
+            build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
+    Section(title="Collective knob settings", select=_workload("collectives"),
+            build=lambda rows, all_rows: plots.knob_comparison(rows)),
 ]
 
 

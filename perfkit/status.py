@@ -31,6 +31,10 @@ def status_for_error(error_name: str, message: str = "") -> str:
     short = error_name.rsplit(".", 1)[-1]
     if short == "ConfigurationSkipped":
         return SKIPPED
+    if short == "ExecutionFailed":  # re-raised from a launch: its text starts with the status
+        head = (message or "").split(":", 1)[0].strip()
+        if head in STATUSES:
+            return head
     if short in _OOM_NAMES:
         return OOM
     if short in {"RuntimeError", "AcceleratorError"} and _OOM_TEXT.search(message or ""):

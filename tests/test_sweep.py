@@ -225,6 +225,8 @@ def test_device_slots_are_disjoint():
     assert [s["CUDA_VISIBLE_DEVICES"] for s in gpus] == ["0,1", "2,3", "4,5", "6,7"]
     assert all(s["HIP_VISIBLE_DEVICES"] == s["CUDA_VISIBLE_DEVICES"] for s in gpus)
     assert len(device_slots(8, 4, gpu_ids=[str(i) for i in range(8)])) == 2  # capped by the GPUs
+    one_gpu = device_slots(2, 2, gpu_ids=["0"])  # wants 2, node has 1: one slot with the GPU it has
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in one_gpu] == ["0"]
     cpus = device_slots(2, 1, gpu_ids=[], cores=16)
     assert [s["OMP_NUM_THREADS"] for s in cpus] == ["8", "8"]
 
@@ -240,3 +242,14 @@ def test_perfkit_new_scaffolds_a_runnable_pair(tmp_path):
     again = subprocess.run([sys.executable, "-m", "perfkit.cli", "new", "mybench", "--dir", tmp_path],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_status_for_error_maps_execution_failures():
+    from perfkit.status import status_for_error
+
+    assert status_for_error("ExecutionFailed", "timeout: Timeout: no result within 0.5 s") == "timeout"
+    assert status_for_error("perfkit.errors.ExecutionFailed", "oom: OutOfMemoryError in cell 3: x") == "oom"
+    assert status_for_error("ExecutionFailed", "weird text") == "failed"
+    assert status_for_error("RuntimeError", "DefaultCPUAllocator: can't allocate memory: you tried") == "oom"
+    assert status_for_error("OutOfMemoryError", "CUDA out of memory") == "oom"
+    assert status_for_error("ValueError", "out of memory") == "failed"

@@ -6,6 +6,8 @@ object that displays in JupyterLab and renders into the standalone report. Noisy
 """
 
 from ._common import ceiling_lines, display_scale, format_si, hv_bokeh, ok_rows
+from .collectives import busbw_vs_size, knob_comparison
 from .gemm import gemm_throughput
+from .roofline import roofline, roofline_static
 
-__all__ = ["gemm_throughput", "ceiling_lines", "display_scale", "format_si", "hv_bokeh", "ok_rows"]
+__all__ = ["gemm_throughput", "busbw_vs_size", "knob_comparison", "roofline", "roofline_static", "ceiling_lines", "display_scale", "format_si", "hv_bokeh", "ok_rows"]

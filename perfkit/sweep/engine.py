@@ -96,12 +96,10 @@ def device_slots(workers: int, devices_per_config: int, gpu_ids: Sequence[str] |
         raise BadInputError("--workers must be at least 1")
     gpu_ids = _gpu_ids() if gpu_ids is None else list(gpu_ids)
     if gpu_ids:
+        # A configuration wanting more GPUs than the node has gets all of them; its notebook
+        # then records what it cannot run as skipped (one config must not refuse a whole sweep).
+        devices_per_config = min(devices_per_config, len(gpu_ids))
         n = min(workers, len(gpu_ids) // devices_per_config)
-        if n == 0:
-            from ..errors import BadInputError
-
-            raise BadInputError(f"a configuration needs {devices_per_config} GPUs but only "
-                                f"{len(gpu_ids)} are visible")
         slots = []
         for i in range(n):
             ids = ",".join(gpu_ids[i * devices_per_config:(i + 1) * devices_per_config])
