@@ -45,7 +45,7 @@ demo: venv
 # The unit/integration tests and the notebooks (nbval, small default parameters) in one run.
 # Rows that notebooks record when run by nbval go to a temp dir, not into the tree.
 test: venv browser
-	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks --nbval-lax --nbval-current-env -p no:cacheprovider --durations=15
 
 test-fast: venv
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider

@@ -30,7 +30,7 @@ from pathlib import Path
 from . import status as st
 from .results import CONTEXT_ENV, RunContext, load, record
 
-__all__ = ["Outcome", "WarmKernel", "execute_config"]
+__all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "has_status_row"]
 
 # Runs in every kernel we start: when the process that started it dies (a sweep killed with
 # SIGKILL), the kernel kills its own process group (itself and e.g. torchrun under it) instead
@@ -138,7 +138,7 @@ class WarmKernel:
             self.kill()
 
 
-def _banner(output_notebook: Path, text: str) -> None:
+def banner(output_notebook: Path, text: str) -> None:
     """Put a visible note at the top of an executed notebook (papermill does this for errors)."""
     import nbformat
 
@@ -152,7 +152,7 @@ def _banner(output_notebook: Path, text: str) -> None:
     nbformat.write(nb, output_notebook)
 
 
-def _has_status_row(results_path: Path, status: str) -> bool:
+def has_status_row(results_path: Path, status: str) -> bool:
     if not results_path.exists():
         return False
     frame = load(results_path)
@@ -223,9 +223,9 @@ def execute_config(
             kernel.shutdown()
     duration = time.monotonic() - t0
     if status in (st.TIMEOUT, st.KILLED):
-        _banner(output_notebook, f"perfkit: this configuration ended <b>{status}</b> after "
+        banner(output_notebook, f"perfkit: this configuration ended <b>{status}</b> after "
                 f"{duration:.1f} s: {message}")
-    if status != st.OK and not _has_status_row(results_path, status):
+    if status != st.OK and not has_status_row(results_path, status):
         reason = f"{error_name}: {message}" if error_name else message
         if cell is not None:
             reason = f"{reason} (cell {cell})"

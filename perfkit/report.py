@@ -69,9 +69,16 @@ def _roofline(rows: pd.DataFrame, all_rows: pd.DataFrame):
     return roofline_section(rows, all_rows)
 
 
+def _scaling(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .plots.scaling import scaling_section
+
+    return scaling_section(rows, all_rows)
+
+
 SECTIONS: list[Section] = [
     Section(title="Roofline", select=_workload("roofline"), build=_roofline),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
+    Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
     Section(title="Collective knob settings", select=_workload("collectives"),

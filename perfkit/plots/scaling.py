@@ -14,11 +14,15 @@ import pandas as pd
 
 from ._common import display_scale, hv_bokeh, ok_rows
 
-__all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars"]
+__all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars",
+           "scaling_section"]
 
 _BASELINES = {"none": "no wrapper", "wrapper": "wrapper on 1 rank"}
 _SERIES = ("parallelism", "scaling_mode")
 _COMPONENTS = ("compute", "exposed communication", "straggler idle")
+#: Settings that tell a sweep's configurations apart; the ones that vary join the series label.
+_SETTINGS = ("model", "precision", "batch", "steps", "threads_per_rank", "compile",
+             "activation_checkpointing")
 _COLORS = {"compute": "#4c78a8", "exposed communication": "#f58518", "straggler idle": "#b8b8b8"}
 
 
@@ -167,3 +171,30 @@ def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)
         cmap=_COLORS, color="component", legend_position="top_left", show_grid=True,
         title="Step time breakdown (stacks to the step time)", xlabel="point",
         ylabel=f"time ({unit})")
+
+
+def scaling_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None):
+    """The report's scaling section: ``rows`` are the ``workload == "scaling"`` rows (ok ones).
+
+    Each configuration is analysed on its own (:func:`perfkit.scaling.scaling_efficiency` with
+    the configuration's ``mode``, and :func:`perfkit.scaling.step_breakdown`): it carries its own
+    baselines, measured in the same launch as its wrapper-on-one-rank point. Settings that vary
+    across configurations join the series labels."""
+    from perfkit.scaling import scaling_efficiency, step_breakdown
+
+    hv = hv_bokeh()
+    groups = rows.groupby("config_id", sort=True) if "config_id" in rows else [(None, rows)]
+    parts = []
+    for _, group in groups:
+        modes = group["mode"].dropna().unique() if "mode" in group else []
+        mode = modes[0] if len(modes) == 1 and modes[0] in ("strong", "weak") else "auto"
+        parts.append(step_breakdown(scaling_efficiency(group, mode=mode)))
+    if not parts:
+        return hv.Div("<p>No scaling rows.</p>")
+    df = pd.concat(parts, ignore_index=True)
+    varying = [c for c in _SETTINGS if c in df and df[c].astype(str).nunique() > 1]
+    # The configuration's own mode, not scaling_mode: that one calls its baselines "baseline".
+    series = ["parallelism", "mode" if "mode" in df else "scaling_mode", *varying]
+    return hv.Layout([efficiency_vs_world_size(df, series=series),
+                      throughput_vs_world_size(df, series=series),
+                      breakdown_bars(df, series=series)]).cols(1)

@@ -26,6 +26,10 @@ only with --retry-failed. Exit codes: 0 every configuration ok or skipped, 1 any
 """
 
 
+_SLURM_FLAGS = ("--partition", "--time-limit-min", "--cpus-per-task", "--gpus-per-task", "--array-parallelism",
+                "--sbatch-option")
+
+
 def _short(text: object, width: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -38,7 +42,7 @@ def _params_text(params: dict) -> str:
 def _cmd_sweep(args) -> int:
     from ..status import FINISHED
     from . import expand, load_spec, plan, run_sweep
-    from .engine import _should_run
+    from .engine import should_run
 
     if args.workers < 1:
         raise BadInputError("--workers must be at least 1")
@@ -49,17 +53,24 @@ def _cmd_sweep(args) -> int:
         rows = plan(configs, out, retry_failed=args.retry_failed)
         print(f"{'config_id':<28} {'ledger':<9} {'action':<7} parameters")
         for c, prev in rows:
-            action = "run" if _should_run(prev, args.retry_failed) else "done"
+            action = "run" if should_run(prev, args.retry_failed) else "done"
             print(f"{c.config_id:<28} {prev or '-':<9} {action:<7} {_params_text(c.params)}")
-        todo = sum(_should_run(p, args.retry_failed) for _, p in rows)
+        todo = sum(should_run(p, args.retry_failed) for _, p in rows)
         print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
               f"({', '.join(sorted(FINISHED))} are not re-run)")
         return 0
     if args.executor == "slurm":
-        from .slurm import run_slurm_sweep  # noqa: F401 - needs perfkit[slurm]
+        from .slurm import parse_sbatch_options, run_slurm_sweep  # noqa: F401 - needs perfkit[slurm]
 
-        result = run_slurm_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet)
+        result = run_slurm_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet,
+                                 partition=args.partition, time_limit_min=args.time_limit_min,
+                                 cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
+                                 array_parallelism=args.array_parallelism,
+                                 sbatch_options=parse_sbatch_options(args.sbatch_option) or None)
     else:
+        given = [f for f in _SLURM_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+        if given:
+            raise BadInputError(f"{', '.join(given)} only apply with --executor slurm")
         result = run_sweep(spec, out, workers=args.workers, retry_failed=args.retry_failed,
                            progress=False if args.quiet else None)
     _summary(result)
@@ -116,6 +127,15 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm])")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("--executor slurm (override the spec's slurm: settings)")
+    g.add_argument("--partition", help="Slurm partition of the job array")
+    g.add_argument("--time-limit-min", type=int,
+                   help="time limit of each task, whole minutes (default: the spec's timeout_s + 1 min, or 60)")
+    g.add_argument("--cpus-per-task", type=int, help="CPUs of each task (sets OMP_NUM_THREADS in its kernel)")
+    g.add_argument("--gpus-per-task", type=int, help="GPUs of each task")
+    g.add_argument("--array-parallelism", type=int, help="tasks of the array running at once")
+    g.add_argument("--sbatch-option", action="append", metavar="KEY=VALUE",
+                   help="any other sbatch option, e.g. account=myproj (repeatable)")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("new", help="scaffold a notebook and a sweep spec from templates/")

@@ -35,7 +35,8 @@ from ..results import RunContext, record
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
 from .spec import Config
 
-__all__ = ["SweepResult", "plan", "run_configs", "device_slots", "RERUN_BY_DEFAULT"]
+__all__ = ["SweepResult", "plan", "should_run", "run_one", "run_configs", "device_slots", "config_paths",
+           "OomEdges", "raise_on_sigterm", "restore_sigterm", "RERUN_BY_DEFAULT"]
 
 #: Endings that a plain resume runs again: the run was interrupted from outside.
 RERUN_BY_DEFAULT = frozenset({RUNNING, st.KILLED})
@@ -66,7 +67,7 @@ def plan(configs: Sequence[Config], out_dir: Path, *, retry_failed: bool = False
     return [(c, state[c.config_id].status if c.config_id in state else None) for c in configs]
 
 
-def _should_run(previous: str | None, retry_failed: bool) -> bool:
+def should_run(previous: str | None, retry_failed: bool) -> bool:
     if previous is None or previous in RERUN_BY_DEFAULT:
         return True
     return retry_failed and previous in (st.FAILED, st.TIMEOUT)
@@ -111,7 +112,7 @@ def device_slots(workers: int, devices_per_config: int, gpu_ids: Sequence[str] |
              "PERFKIT_SLOT": f"cpu:{i}/{workers}x{threads}"} for i in range(workers)]
 
 
-class _OomEdges:
+class OomEdges:
     """Remembers OOMs along each configuration's ``oom_axis`` and answers 'is this past one?'."""
 
     def __init__(self):
@@ -121,6 +122,17 @@ class _OomEdges:
     @staticmethod
     def _rest(c: Config) -> tuple:
         return (str(c.notebook), sorted((k, repr(v)) for k, v in c.params.items() if k != c.oom_axis))
+
+    @classmethod
+    def from_ledger(cls, state, like: Config) -> OomEdges:
+        """Edges of every ``oom`` the ledger holds, read along ``like``'s axis (a Slurm task
+        sees the whole sweep's history, not just what its own process ran)."""
+        edges = cls()
+        for e in state.values():
+            if e.status == st.OOM:
+                edges.add(Config(config_id=e.config_id, notebook=Path(e.notebook), params=e.params, timeout_s=None,
+                                 devices=like.devices, oom_axis=like.oom_axis, part=like.part))
+        return edges
 
     def add(self, c: Config) -> None:
         if c.oom_axis and c.oom_axis in c.params:
@@ -139,6 +151,51 @@ class _OomEdges:
                 except TypeError:
                     continue
         return None
+
+
+def config_paths(c: Config, out_dir: Path) -> tuple[Path, Path]:
+    """Where a configuration's executed notebook and its rows go."""
+    return out_dir / "notebooks" / f"{c.config_id}.ipynb", out_dir / "results" / f"{c.config_id}.parquet"
+
+
+def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger | None = None,
+            edges: OomEdges | None = None, env: dict[str, str] | None = None,
+            take_kernel: Callable[[], WarmKernel] | None = None,
+            interrupted: Callable[[], bool] = lambda: False) -> Outcome | None:
+    """One attempt of one configuration, ledger entries included — what every executor runs
+    (a local slot, a Slurm array task). Returns None when ``interrupted`` before it started."""
+    ledger = ledger or Ledger(out_dir)
+    output_nb, results_path = config_paths(c, out_dir)
+    results_path.unlink(missing_ok=True)  # rows of an unfinished earlier attempt
+    entry = LedgerEntry(config_id=c.config_id, status=RUNNING, attempt=attempt, notebook=str(c.notebook),
+                        params=c.params, start=time.time(), output_notebook=str(output_nb),
+                        results_path=str(results_path), host=os.uname().nodename, pid=os.getpid(), slot=slot)
+    edge = edges.past_edge(c) if edges is not None else None
+    if edge is not None:
+        reason = f"{c.oom_axis}={c.params[c.oom_axis]!r} is past the OOM edge at {edge!r}"
+        record([{}], status=st.SKIPPED, reason=reason,
+               context=RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
+                                  notebook=c.notebook.name))
+        ledger.append(entry)
+        outcome = Outcome(config_id=c.config_id, status=st.SKIPPED, error_name="OomEdge", message=reason,
+                          cell=None, output_notebook=output_nb, results_path=results_path,
+                          started_at=time.time(), duration_s=0.0)
+    else:
+        kernel = take_kernel() if take_kernel else None
+        if interrupted():
+            if kernel is not None:
+                kernel.shutdown()
+            return None
+        ledger.append(entry)
+        outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
+                                 results_path=results_path, timeout_s=c.timeout_s, env=env, kernel=kernel)
+        if interrupted() and outcome.status != st.OK:
+            outcome = Outcome(**{**outcome.__dict__, "status": st.KILLED, "error_name": "Interrupted",
+                                 "message": "the sweep was interrupted; it runs again on resume"})
+    ledger.append(LedgerEntry(**{**entry.__dict__, "status": outcome.status, "end": time.time(),
+                                 "duration_s": outcome.duration_s, "error_name": outcome.error_name,
+                                 "message": outcome.message, "cell": outcome.cell}))
+    return outcome
 
 
 class _Slot:
@@ -186,7 +243,7 @@ def run_configs(
     with SweepLock(out_dir):
         ledger = Ledger(out_dir)
         planned = plan(configs, out_dir, retry_failed=retry_failed)
-        todo = [c for c, prev in planned if _should_run(prev, retry_failed)]
+        todo = [c for c, prev in planned if should_run(prev, retry_failed)]
         attempts = {e.config_id: e.attempt for e in ledger.state().values()}
         result = SweepResult(out_dir=out_dir, total=len(configs), already_done=len(configs) - len(todo))
         if on_start:
@@ -199,23 +256,19 @@ def run_configs(
         pending: queue.Queue[Config] = queue.Queue()
         for c in todo:
             pending.put(c)
-        edges = _OomEdges()
+        edges = OomEdges()
         lock = threading.Lock()
         stop = threading.Event()
         slots = [_Slot(env["PERFKIT_SLOT"], env, preload) for env in envs[:max(1, min(len(envs), len(todo)))]]
         for slot in slots:
             slot.warm()
 
-        def finish(outcome: Outcome, c: Config, entry: LedgerEntry) -> None:
-            ledger.append(LedgerEntry(**{**entry.__dict__, "status": outcome.status, "end": time.time(),
-                                         "duration_s": outcome.duration_s, "error_name": outcome.error_name,
-                                         "message": outcome.message, "cell": outcome.cell}))
-            if outcome.status == st.OOM:
-                edges.add(c)
-            with lock:
-                result.outcomes.append(outcome)
-            if on_outcome:
-                on_outcome(outcome)
+        def take_kernel(slot: _Slot) -> WarmKernel:
+            kernel = slot.take()
+            slot.current = kernel
+            if not pending.empty():
+                slot.warm()  # the next kernel starts while this configuration runs
+            return kernel
 
         def work(slot: _Slot) -> None:
             while not stop.is_set():
@@ -223,39 +276,18 @@ def run_configs(
                     c = pending.get_nowait()
                 except queue.Empty:
                     return
-                output_nb = out_dir / "notebooks" / f"{c.config_id}.ipynb"
-                results_path = out_dir / "results" / f"{c.config_id}.parquet"
-                results_path.unlink(missing_ok=True)  # rows of an unfinished earlier attempt
-                entry = LedgerEntry(config_id=c.config_id, status=RUNNING, attempt=attempts.get(c.config_id, 0) + 1,
-                                    notebook=str(c.notebook), params=c.params, start=time.time(),
-                                    output_notebook=str(output_nb), results_path=str(results_path),
-                                    host=os.uname().nodename, pid=os.getpid(), slot=slot.name)
-                edge = edges.past_edge(c)
-                if edge is not None:
-                    reason = f"{c.oom_axis}={c.params[c.oom_axis]!r} is past the OOM edge at {edge!r}"
-                    ctx = RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
-                                     notebook=c.notebook.name)
-                    record([{}], status=st.SKIPPED, reason=reason, context=ctx)
-                    ledger.append(entry)
-                    finish(Outcome(config_id=c.config_id, status=st.SKIPPED, error_name="OomEdge", message=reason,
-                                   cell=None, output_notebook=output_nb, results_path=results_path,
-                                   started_at=time.time(), duration_s=0.0), c, entry)
-                    continue
-                kernel = slot.take()
-                if stop.is_set():
-                    kernel.shutdown()
-                    return
-                slot.current = kernel
-                if not pending.empty():
-                    slot.warm()  # the next kernel starts while this configuration runs
-                ledger.append(entry)
-                outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
-                                         results_path=results_path, timeout_s=c.timeout_s, kernel=kernel)
+                outcome = run_one(c, out_dir, attempt=attempts.get(c.config_id, 0) + 1, slot=slot.name,
+                                  ledger=ledger, edges=edges, take_kernel=lambda: take_kernel(slot),
+                                  interrupted=stop.is_set)
                 slot.current = None
-                if stop.is_set() and outcome.status != st.OK:
-                    outcome = Outcome(**{**outcome.__dict__, "status": st.KILLED, "error_name": "Interrupted",
-                                         "message": "the sweep was interrupted; it runs again on resume"})
-                finish(outcome, c, entry)
+                if outcome is None:
+                    return
+                if outcome.status == st.OOM:
+                    edges.add(c)
+                with lock:
+                    result.outcomes.append(outcome)
+                if on_outcome:
+                    on_outcome(outcome)
 
         # Completion is tracked with events, not Thread.is_alive(): a KeyboardInterrupt landing in
         # Thread.join() can leave a running thread reported as stopped (CPython bpo-45274).
@@ -269,7 +301,7 @@ def run_configs(
 
         threads = [threading.Thread(target=run_slot, args=(s, d), name=f"slot-{s.name}", daemon=True)
                    for s, d in zip(slots, done)]
-        previous_term = _raise_on_sigterm()
+        previous_term = raise_on_sigterm()
         try:
             for t in threads:
                 t.start()
@@ -286,14 +318,14 @@ def run_configs(
                 time.sleep(0.1)
             raise
         finally:
-            _restore_sigterm(previous_term)
+            restore_sigterm(previous_term)
             for slot in slots:
                 slot.close()
         result.wall_time_s = time.monotonic() - t0
         return result
 
 
-def _raise_on_sigterm():
+def raise_on_sigterm():
     """SIGTERM (Slurm's, a job scheduler's) ends the sweep like Ctrl-C: kernels killed, ledger kept."""
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -304,7 +336,7 @@ def _raise_on_sigterm():
     return signal.signal(signal.SIGTERM, handler)
 
 
-def _restore_sigterm(previous) -> None:
+def restore_sigterm(previous) -> None:
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous)
 

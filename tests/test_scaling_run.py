@@ -1,0 +1,248 @@
+"""Scaling runs: configuration checks and plots on synthetic rows (fast), then the real thing on
+gloo ranks: the scaling notebook through the CLI (one launch per world size), an FSDP point, and a
+launch that times out. Launches cost 5–20 s each on 2 shared cores, so there are few of them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import perfkit
+from conftest import NOTEBOOKS, REPO
+from perfkit import parallel, scaling
+from perfkit.errors import BadInputError, ExecutionFailed
+from perfkit.plots.scaling import (
+    breakdown_bars,
+    efficiency_vs_world_size,
+    scaling_section,
+    throughput_vs_world_size,
+)
+from perfkit.scaling_run import ScalingConfig, _gradient_sync_disabled, raise_if_failed, run_scaling
+from perfkit.training import TrainConfig
+
+TINY = TrainConfig(parallelism="ddp", steps=3, device="cpu")
+CONTRACT = ["world_size", "parallelism", "step_time_s", "global_batch_size", "per_device_batch_size",
+            "samples_per_s", "status", "compute_time_s", "rank_step_time_s", "rank_compute_time_s",
+            "step_time_samples_s", "compute_time_samples_s", "noisy", "mode", "reason"]
+
+
+def _hv():
+    from perfkit.plots import hv_bokeh
+
+    return hv_bokeh()
+
+
+# ------------------------------------------------------------------ configuration, no processes
+
+
+def test_points_set_world_size_and_batch_per_mode():
+    strong = ScalingConfig(train=TINY, world_sizes=[1, 2, 4], mode="strong", batch_size=64)
+    assert strong.world_sizes == (1, 2, 4)
+    one = strong.points(1)
+    assert [(p.parallelism, p.world_size, p.batch_size) for p in one] == [("none", 1, 64), ("ddp", 1, 64)]
+    assert [(p.parallelism, p.batch_size) for p in strong.points(4)] == [("ddp", 64)]
+    weak = ScalingConfig(train=TINY, world_sizes=[1, 2], mode="weak", batch_size=8)
+    assert [p.batch_size for p in weak.points(2)] == [16]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"train": TrainConfig(parallelism="tp", world_size=2)}, "data parallel"),
+    ({"train": TrainConfig()}, "data parallel"),
+    ({"train": TINY, "mode": "sideways"}, "mode"),
+    ({"train": TINY, "world_sizes": [1, 1]}, "repeats"),
+    ({"train": TINY, "world_sizes": [0, 2]}, "positive"),
+    ({"train": TINY, "world_sizes": [1, 3], "batch_size": 64}, "does not split"),
+    ({"train": TINY, "threads_per_rank": 0}, "threads_per_rank"),
+    ({"train": {"parallelism": "ddp"}}, "TrainConfig"),
+])
+def test_bad_configurations_are_refused(kwargs, words):
+    with pytest.raises(BadInputError, match=words):
+        ScalingConfig(**kwargs)
+
+
+def test_weak_scaling_accepts_any_world_size():
+    ScalingConfig(train=TINY, world_sizes=[1, 3], mode="weak", batch_size=64)
+
+
+def test_a_setting_the_cpu_cannot_honour_gives_skipped_rows_without_a_launch():
+    cfg = ScalingConfig(train=TrainConfig(parallelism="ddp", precision="tf32", device="cpu"),
+                        world_sizes=[1, 2], batch_size=8)
+    rows = run_scaling(cfg)
+    assert list(zip(rows["parallelism"], rows["world_size"])) == [("none", 1), ("ddp", 1), ("ddp", 2)]
+    assert set(rows["status"]) == {"skipped"} and rows["reason"].str.contains("tf32").all()
+    assert rows["step_time_s"].isna().all()
+    raise_if_failed(rows)  # skipped is not a failure
+
+
+def test_gradient_sync_switch_wraps_and_restores_the_parallel_helpers():
+    before = parallel.wrap_ddp, parallel.apply_fsdp
+    with _gradient_sync_disabled() as switched:
+        assert parallel.wrap_ddp is not before[0] and parallel.apply_fsdp is not before[1]
+        assert switched == []
+    assert (parallel.wrap_ddp, parallel.apply_fsdp) == before
+
+
+def test_raise_if_failed_names_the_first_failure():
+    rows = pd.DataFrame({"status": ["ok", "timeout", "failed"], "reason": [None, "too slow", "x"]})
+    with pytest.raises(ExecutionFailed) as info:
+        raise_if_failed(rows)
+    assert info.value.status == "timeout" and "too slow" in info.value.message
+
+
+# ------------------------------------------------------------------ plots on synthetic rows
+
+
+def _synthetic_rows() -> pd.DataFrame:
+    rows = []
+    for n, step, compute, ranks in ((1, 0.012, 0.010, [0.012]), (2, 0.008, 0.005, [0.006, 0.008]),
+                                    (4, 0.005, 0.0026, [0.004, 0.0045, 0.005, 0.0044])):
+        rows.append({"parallelism": "ddp", "world_size": n, "step_time_s": step,
+                     "compute_time_s": compute, "rank_step_time_s": ranks, "noisy": n == 4})
+    rows.append({"parallelism": "none", "world_size": 1, "step_time_s": 0.010,
+                 "compute_time_s": 0.010, "rank_step_time_s": [0.010], "noisy": False})
+    df = pd.DataFrame(rows).assign(status="ok", global_batch_size=64, mode="strong")
+    df["per_device_batch_size"] = 64 // df["world_size"]
+    df["samples_per_s"] = 64 / df["step_time_s"]
+    return df
+
+
+def test_plots_show_efficiency_with_ideal_throughput_with_ideal_line_and_a_stacked_breakdown():
+    hv = _hv()
+    df = _synthetic_rows()
+    eff = scaling.scaling_efficiency(df, mode="strong")
+    overlay = efficiency_vs_world_size(eff)
+    assert isinstance(overlay, hv.Overlay)
+    assert any(isinstance(e, hv.HLine) and e.data == 1.0 for e in overlay)  # the ideal
+    scatters = [e for e in overlay if isinstance(e, hv.Scatter)]
+    assert len(scatters) == 2  # vs the plain module and vs DDP on one rank
+    vs_none = next(s for s in scatters if "no wrapper" in s.label)
+    assert np.allclose(sorted(vs_none.data["efficiency"]), sorted([0.010 / 0.012, 0.010 / 0.016, 0.5]))
+    hv.render(overlay, backend="bokeh")
+
+    tput = throughput_vs_world_size(eff)
+    ideal = next(e for e in tput if isinstance(e, hv.Curve) and "ideal" in e.label)
+    x1 = 64 / 0.010  # the plain module's throughput: ideal N·X(1)
+    assert np.allclose(ideal.data.sort_values("world_size")["ideal"] * 1e3, [x1, 2 * x1, 4 * x1])
+    hv.render(tput, backend="bokeh")
+
+    bars = breakdown_bars(scaling.step_breakdown(df))
+    assert isinstance(bars, hv.Bars) and bars.opts.get().kwargs["stacked"]
+    data = bars.data
+    per_point = data.groupby("point")["value_s"].sum()
+    steps = data.groupby("point")["step_time_s"].first()
+    assert np.allclose(per_point, steps)  # the parts stack to the step time
+    straggler = data[(data["point"] == "N=4 ddp") & (data["component"] == "straggler idle")]
+    assert np.isclose(straggler["value_s"].iloc[0], 0.005 - np.median([0.004, 0.0045, 0.005, 0.0044]))
+    hv.render(bars, backend="bokeh")
+
+
+def test_report_section_analyses_each_configuration_against_its_own_baselines():
+    hv = _hv()
+    strong = _synthetic_rows().assign(config_id="a")
+    weak = _synthetic_rows().assign(config_id="b", mode="weak", precision="bf16")
+    weak["global_batch_size"] = 64 * weak["world_size"]
+    weak["per_device_batch_size"] = 64
+    strong["precision"] = "fp32"
+    layout = scaling_section(pd.concat([strong, weak], ignore_index=True), pd.DataFrame())
+    assert isinstance(layout, hv.Layout) and len(layout) == 3
+    efficiency = layout[0]
+    labels = {e.label for e in efficiency if isinstance(e, hv.Scatter)}
+    assert "ddp strong fp32 vs no wrapper" in labels and "ddp weak bf16 vs wrapper on 1 rank" in labels
+    bars = layout[2]
+    assert bars.data["point"].nunique() == 8  # 4 points per configuration, none shared
+    hv.render(layout, backend="bokeh")
+
+
+def test_plots_of_rows_without_ok_points_say_so():
+    hv = _hv()
+    df = _synthetic_rows().assign(status="failed")
+    eff = scaling.scaling_efficiency(df, mode="strong")
+    for obj in (efficiency_vs_world_size(eff), throughput_vs_world_size(eff),
+                breakdown_bars(scaling.step_breakdown(df))):
+        assert isinstance(obj, hv.Div)
+
+
+# ------------------------------------------------------------------ real ranks
+
+
+def _check_rows(rows: pd.DataFrame) -> None:
+    assert set(CONTRACT) <= set(rows.columns)
+    assert (rows["status"] == "ok").all(), rows["reason"].tolist()
+    assert (rows["step_time_s"] > 0).all() and (rows["compute_time_s"] > 0).all()
+    for _, row in rows.iterrows():
+        n = int(row["world_size"])
+        for column in ("rank_step_time_s", "rank_compute_time_s"):
+            assert len(row[column]) == n and all(t > 0 for t in row[column])
+        assert row["global_batch_size"] == row["per_device_batch_size"] * (n if row["parallelism"] != "none" else 1)
+        assert np.isclose(row["samples_per_s"], row["global_batch_size"] / row["step_time_s"])
+        assert len(row["step_time_samples_s"]) == row["steps"] - row["warmup_steps"]
+
+
+@pytest.fixture(scope="module")
+def notebook_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scaling")
+    # 5 timed steps instead of the default 2: steadier medians on shared cores, at no real cost
+    # next to starting the ranks.
+    proc = subprocess.run([sys.executable, "-m", "perfkit.cli", "run", str(NOTEBOOKS / "scaling.ipynb"),
+                           "--out", str(out), "-p", "steps", "6"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    return proc, out
+
+
+@pytest.mark.slow
+def test_notebook_records_scaling_rows_against_both_baselines(notebook_run):
+    proc, out = notebook_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = perfkit.load(out)
+    _check_rows(rows)
+    assert (rows["workload"] == "scaling").all()
+    assert list(zip(rows["parallelism"], rows["world_size"])) == [("none", 1), ("ddp", 1), ("ddp", 2)]
+    none = rows[rows["parallelism"] == "none"].iloc[0]
+    assert none["compute_time_s"] == none["step_time_s"]  # no wrapper: nothing to synchronise
+    two = rows[rows["world_size"] == 2].iloc[0]
+    # Gloo all-reduce between two processes costs far more than noise on this tiny step.
+    assert two["compute_time_s"] < two["step_time_s"]
+    assert (rows["compute_time_s"] <= rows["step_time_s"] * 1.25).all()
+
+    eff = scaling.scaling_efficiency(rows, mode="strong")
+    wrapped = eff[eff["parallelism"] == "ddp"]
+    for column in ("efficiency_vs_none", "efficiency_vs_wrapper", "throughput_efficiency_vs_none"):
+        assert ((wrapped[column] > 0) & (wrapped[column] <= 1.5)).all(), wrapped[column].tolist()
+    assert wrapped["baseline_none_reason"].isna().all() and wrapped["baseline_wrapper_reason"].isna().all()
+
+    hv = _hv()
+    for obj in (efficiency_vs_world_size(eff), throughput_vs_world_size(eff),
+                breakdown_bars(scaling.step_breakdown(rows))):
+        assert not isinstance(obj, hv.Div)
+        hv.render(obj, backend="bokeh")
+    executed = next((out / "notebooks").glob("*.ipynb")).read_text()
+    assert "efficiency_vs_wrapper" in executed
+
+
+@pytest.mark.slow
+def test_fsdp_weak_point_measures_a_compute_only_step_on_two_ranks():
+    cfg = ScalingConfig(train=TrainConfig(parallelism="fsdp", steps=3, device="cpu"),
+                        world_sizes=[2], mode="weak", batch_size=16, timeout_s=120)
+    rows = run_scaling(cfg)
+    _check_rows(rows)
+    row = rows.iloc[0]
+    assert (row["parallelism"], row["global_batch_size"], row["per_device_batch_size"]) == ("fsdp", 32, 16)
+    assert "reduce-scatter" in row["compute_time_method"]
+    assert row["compute_time_s"] < row["step_time_s"]
+    eff = scaling.scaling_efficiency(rows, mode="weak")  # no world-size-1 point: no baseline
+    assert eff["efficiency_vs_none"].isna().all()
+    assert eff["baseline_none_reason"].str.contains("no baseline row").all()
+
+
+@pytest.mark.slow
+def test_a_launch_past_its_deadline_gives_timeout_rows_and_the_run_goes_on():
+    cfg = ScalingConfig(train=TINY, world_sizes=[1], batch_size=8, timeout_s=0.5)
+    rows = run_scaling(cfg)
+    assert list(rows["status"]) == ["timeout", "timeout"]
+    assert rows["step_time_s"].isna().all() and rows["reason"].str.contains("world_size 1").all()
+    with pytest.raises(ExecutionFailed) as info:
+        raise_if_failed(rows)
+    assert info.value.status == "timeout"

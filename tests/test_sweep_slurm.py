@@ -1,0 +1,268 @@
+"""The Slurm executor (issue 8) against a real one-node Slurm cluster with accounting.
+
+The cluster comes from ``ensure_slurm()`` (tests/slurm_cluster.py): reused when it answers,
+started with .ci/slurm/up.sh when root, otherwise every test here skips with the reason (fails
+with PERFKIT_SLURM_REQUIRE=1). Every wait is bounded, and pytest-timeout bounds each test, so a
+hung driver fails instead of blocking CI. test_time_limit_ends_timeout takes ~2 minutes: Slurm
+limits are whole minutes, checked about every 30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import perfkit
+from perfkit.errors import BadInputError
+from perfkit.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
+from perfkit.sweep.slurm import _expand_ids, parse_sbatch_options, slurm_parameters
+
+try:
+    from slurm_cluster import SlurmCluster, ensure_slurm
+except ImportError:  # tests/ imported as a package
+    from tests.slurm_cluster import SlurmCluster, ensure_slurm
+
+MODES = Path(__file__).parent / "notebooks" / "modes.ipynb"
+TRIVIAL = Path(__file__).parent / "notebooks" / "trivial.ipynb"
+# Columns that differ between two runs of the same configuration by design.
+_VOLATILE = ("recorded_at", "env_")
+
+
+@pytest.fixture(scope="module")
+def slurm() -> SlurmCluster:
+    pytest.importorskip("submitit", reason="submitit is not installed (pip install 'perfkit[slurm]')")
+    return ensure_slurm()
+
+
+@pytest.fixture
+def cluster(slurm, monkeypatch) -> SlurmCluster:
+    slurm.apply_env(monkeypatch)  # the driver's sbatch/sacct calls inherit os.environ
+    return slurm
+
+
+def _table(out: Path) -> pd.DataFrame:
+    df = perfkit.load(out)
+    df = df[[c for c in df.columns if not c.startswith(_VOLATILE)]]
+    df = df.astype(object).where(df.notna(), None)
+    return df.sort_values(["config_id", "status"]).reset_index(drop=True)[sorted(df.columns)]
+
+
+def _final(out: Path, config_id: str) -> list[tuple[int, str]]:
+    return [(e.attempt, e.status) for e in Ledger(out).events() if e.config_id == config_id]
+
+
+def _wait_for(what: str, predicate, timeout: float, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not after {timeout} s: {what}")
+        time.sleep(poll)
+
+
+# --- no cluster needed ---------------------------------------------------------------------------
+
+def test_settings_map_to_submitit_parameters():
+    configs = expand(SweepSpec(parts=(SweepPart(notebook=MODES, grid={"mode": ["ok"]}, timeout_s=150),)))
+    params = slurm_parameters({"partition": "gpu", "cpus_per_task": 4, "gpus_per_task": 1, "array_parallelism": 2,
+                               "sbatch_options": {"--account": "p1"}, "setup": ["module load cuda"]}, configs)
+    assert params["timeout_min"] == 4  # ceil(150 s / 60) + 1
+    assert params["slurm_partition"] == "gpu" and params["cpus_per_task"] == 4 and params["gpus_per_node"] == 1
+    assert params["slurm_array_parallelism"] == 2
+    assert params["slurm_additional_parameters"] == {"signal": "CONT@30", "account": "p1"}
+    assert params["slurm_setup"] == ["module load cuda"]
+    no_limit = expand(SweepSpec(parts=(SweepPart(notebook=MODES, grid={"mode": ["ok"]}),)))
+    assert slurm_parameters({}, no_limit)["timeout_min"] == 60
+    assert slurm_parameters({"time_limit_min": 7}, no_limit)["timeout_min"] == 7
+    with pytest.raises(BadInputError, match="unknown slurm setting"):
+        slurm_parameters({"partiton": "gpu"}, configs)
+    with pytest.raises(BadInputError, match="positive integer"):
+        slurm_parameters({"cpus_per_task": 0}, configs)
+    assert parse_sbatch_options(["account=p1", "--qos=high", "constraint=a=b"]) == \
+        {"account": "p1", "qos": "high", "constraint": "a=b"}
+    with pytest.raises(BadInputError, match="KEY=VALUE"):
+        parse_sbatch_options(["account"])
+    assert _expand_ids("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"] and _expand_ids("12_3") == ["12_3"]
+
+
+def test_slurm_flags_with_the_local_executor_are_refused(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"notebook": str(MODES), "grid": {"mode": ["ok"]}}))
+    cp = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(tmp_path / "o"),
+                         "--partition", "debug"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and "--partition only apply with --executor slurm" in cp.stderr
+
+
+# --- the real cluster ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_same_results_as_the_local_executor(cluster, tmp_path):
+    """(a) several configurations, (c) a raising one ends failed with its error; re-running submits nothing."""
+    from perfkit.sweep.slurm import run_slurm_sweep
+
+    spec = SweepSpec(parts=(
+        SweepPart(notebook=MODES, grid={"mode": ["ok", "raise", "memory_error", "skip", "write_then_raise"]}),
+        SweepPart(notebook=TRIVIAL, grid={"x": [1, 2]}),
+    ), slurm={"partition": cluster.partition, "cpus_per_task": 1})
+    configs = expand(spec)
+    t0 = time.monotonic()
+    local = run_sweep(spec, tmp_path / "local", workers=2, progress=False)
+    t_local = time.monotonic() - t0
+    t0 = time.monotonic()
+    remote = run_slurm_sweep(spec, configs, tmp_path / "slurm", progress=False, poll_s=(0.5, 2.0))
+    t_slurm = time.monotonic() - t0
+    print(f"\nlocal (2 workers) {t_local:.1f} s, slurm (2 CPUs) {t_slurm:.1f} s for {len(configs)} configurations")
+
+    assert remote.total == len(configs) == 7 and remote.already_done == 0
+    status = {o.config_id: o.status for o in remote.outcomes}
+    assert status == {o.config_id: o.status for o in local.outcomes}
+    assert sorted(status.values()) == ["failed", "failed", "ok", "ok", "ok", "oom", "skipped"]
+    assert remote.exit_code == local.exit_code == 1
+    pd.testing.assert_frame_equal(_table(tmp_path / "slurm"), _table(tmp_path / "local"))
+
+    # (c) the raising configuration: its error, cell and traceback, as the local executor has them.
+    raised = next(c for c in configs if c.params.get("mode") == "raise")
+    outcome = next(o for o in remote.outcomes if o.config_id == raised.config_id)
+    assert (outcome.status, outcome.error_name, outcome.message) == ("failed", "ValueError", "boom at batch_size=1")
+    assert outcome.cell is not None
+    nb = json.loads(outcome.output_notebook.read_text())
+    assert any("ValueError" in "".join(o.get("traceback", [])) for c in nb["cells"] for o in c.get("outputs", []))
+    rows = perfkit.load(tmp_path / "slurm")
+    assert "ValueError: boom at batch_size=1" in rows[rows["config_id"] == raised.config_id]["reason"].iloc[0]
+
+    # Every task ran through the ledger (running, then its ending) on a Slurm slot.
+    for c in configs:
+        events = [e for e in Ledger(tmp_path / "slurm").events() if e.config_id == c.config_id]
+        assert [e.status for e in events][0] == "running" and len(events) == 2
+        assert events[0].slot.startswith("slurm:")
+    jobs = json.loads((tmp_path / "slurm" / "slurm" / "jobs.json").read_text())["configs"]
+    assert len({j["job_id"].split("_")[0] for j in jobs.values()}) == 1  # ONE job array
+
+    again = run_slurm_sweep(spec, configs, tmp_path / "slurm", progress=False)
+    assert again.already_done == 7 and again.outcomes == []
+    assert json.loads((tmp_path / "slurm" / "slurm" / "jobs.json").read_text())["configs"] == jobs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_time_limit_ends_timeout(cluster, tmp_path):
+    """(b) Slurm, not perfkit, kills it (no timeout_s; 1-minute limit; the notebook sleeps 10)."""
+    from perfkit.sweep.slurm import run_slurm_sweep
+
+    spec = SweepSpec(parts=(SweepPart(notebook=MODES, parameters={"mode": "sleep", "sleep_s": 600.0}),),
+                     slurm={"partition": cluster.partition, "time_limit_min": 1})
+    (c,) = expand(spec)
+    assert c.timeout_s is None
+    t0 = time.monotonic()
+    result = run_slurm_sweep(spec, [c], tmp_path, progress=False, poll_s=(1.0, 3.0))
+    elapsed = time.monotonic() - t0
+    print(f"\ntime limit 1 min: the driver reported timeout after {elapsed:.1f} s")
+    (outcome,) = result.outcomes
+    assert outcome.status == "timeout" and outcome.error_name == "SlurmTimeout", outcome
+    assert 55 < elapsed < 200
+    assert _final(tmp_path, c.config_id) == [(1, "running"), (1, "timeout")]
+    rows = perfkit.load(tmp_path)
+    assert list(rows["status"]) == ["timeout"] and "time limit" in rows["reason"].iloc[0]
+    nb = json.loads(outcome.output_notebook.read_text())
+    assert "timeout" in "".join(nb["cells"][0]["source"])  # the banner
+    assert cluster.sacct_state(Ledger(tmp_path).state()[c.config_id].slot.split(":")[1]) == "TIMEOUT"
+    # timeout is not re-run by a plain resume, only with retry_failed.
+    assert run_slurm_sweep(spec, [c], tmp_path, progress=False).already_done == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_crashing_task_ends_failed_with_its_traceback(cluster, tmp_path):
+    """(c) the task itself dies (a broken perfkit on the node): Slurm FAILED → failed + traceback."""
+    from perfkit.sweep.slurm import run_slurm_sweep
+
+    shadow = tmp_path / "shadow" / "perfkit"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise RuntimeError('broken perfkit install on the node')\n")
+    spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"x": [3]}),),
+                     slurm={"partition": cluster.partition, "time_limit_min": 2,
+                            # not the checkout as working directory: its perfkit/ would come first
+                            "sbatch_options": {"chdir": str(tmp_path)},
+                            "setup": [f"export PYTHONPATH={shadow.parent}:$PYTHONPATH"]})
+    (c,) = expand(spec)
+    result = run_slurm_sweep(spec, [c], tmp_path / "out", progress=False, poll_s=(0.5, 2.0))
+    (outcome,) = result.outcomes
+    assert outcome.status == "failed" and outcome.error_name == "RuntimeError", outcome
+    assert "broken perfkit install on the node" in outcome.message and "Traceback" in outcome.message
+    rows = perfkit.load(tmp_path / "out")
+    assert list(rows["status"]) == ["failed"] and "broken perfkit install" in rows["reason"].iloc[0]
+    assert rows["x"].iloc[0] == 3  # the status row carries the configuration's parameters
+    assert _final(tmp_path / "out", c.config_id) == [(1, "failed")]
+    assert result.exit_code == 1
+
+
+def _driver(spec: Path, out: Path, cluster: SlurmCluster, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(out), "--executor", "slurm",
+           "--quiet", "--partition", cluster.partition, "--cpus-per-task", "1", "--time-limit-min", "5",
+           "--sbatch-option", "comment=perfkit-test"]
+    return subprocess.Popen(cmd, env=cluster.full_env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_scancel_ends_killed_ctrl_c_leaves_tasks_and_resume_reattaches(cluster, tmp_path):
+    """(d) scancel → killed, run again on resume; Ctrl-C leaves the other task running and the
+    next driver re-attaches to it instead of resubmitting; (e) every step bounded."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"notebook": str(MODES), "parameters": {"mode": "sleep", "sleep_s": 40.0},
+                                    "grid": {"label": ["a", "b"]}}))
+    cid = {c.params["label"]: c.config_id for c in expand(perfkit.sweep.load_spec(spec))}
+    out = tmp_path / "out"
+    jobs_file = out / "slurm" / "jobs.json"
+    t0 = time.monotonic()
+    first = _driver(spec, out, cluster, tmp_path / "driver1.log")
+    try:
+        _wait_for("both tasks running", lambda: all(_final(out, i) == [(1, "running")] for i in cid.values()),
+                  timeout=120)
+        jobs = json.loads(jobs_file.read_text())["configs"]
+        cluster.run("scancel", jobs[cid["a"]]["job_id"])
+        _wait_for("the driver records a's ending", lambda: len(_final(out, cid["a"])) == 2, timeout=60)
+        assert _final(out, cid["a"]) == [(1, "running"), (1, "killed")]
+        rows = perfkit.load(out)
+        assert "CANCELLED" in rows[rows["config_id"] == cid["a"]]["reason"].iloc[0]
+        first.send_signal(signal.SIGINT)
+        rc = first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    said = (tmp_path / "driver1.log").read_text()
+    assert rc == 130, said
+    assert "re-attach" in said and f"scancel {jobs[cid['a']]['job_id'].split('_')[0]}" in said
+    assert cluster.sacct_state(jobs[cid["b"]]["job_id"]) == "RUNNING"  # Ctrl-C left it running
+    t_interrupt = time.monotonic() - t0
+
+    second = _driver(spec, out, cluster, tmp_path / "driver2.log")
+    try:
+        rc = second.wait(timeout=240)
+    finally:
+        if second.poll() is None:
+            second.kill()
+    said = (tmp_path / "driver2.log").read_text()
+    assert rc == 0, said
+    assert "sweep: 2 run (ok 2), 0 already done" in said
+    again = json.loads(jobs_file.read_text())["configs"]
+    assert again[cid["b"]] == jobs[cid["b"]]  # re-attached, not resubmitted
+    assert again[cid["a"]]["job_id"] != jobs[cid["a"]]["job_id"] and again[cid["a"]]["attempt"] == 2
+    assert _final(out, cid["a"]) == [(1, "running"), (1, "killed"), (2, "running"), (2, "ok")]
+    assert _final(out, cid["b"]) == [(1, "running"), (1, "ok")]
+    rows = perfkit.load(out)
+    assert sorted(rows["status"]) == ["ok", "ok"]  # the killed attempt's row is gone
+    print(f"\nscancel+Ctrl-C after {t_interrupt:.1f} s; resume done after {time.monotonic() - t0:.1f} s")
