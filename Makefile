@@ -44,8 +44,13 @@ demo: venv
 
 # The unit/integration tests and the notebooks (nbval, small default parameters) in one run.
 # Rows that notebooks record when run by nbval go to a temp dir, not into the tree.
+# Much of the suite waits on kernels, torchrun ranks and Slurm, so it runs on TEST_WORKERS
+# pytest-xdist workers; --dist loadscope keeps each notebook's cells (and each test file) on one
+# worker, in order.
+TEST_WORKERS ?= 3
 test: venv browser
-	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks --nbval-lax --nbval-current-env -p no:cacheprovider --durations=15
+	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
+	  --nbval-lax --nbval-current-env -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) --dist loadscope
 
 test-fast: venv
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider

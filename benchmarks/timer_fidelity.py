@@ -21,15 +21,15 @@ from perfkit.timing import measure
 
 def _cases():
     torch.manual_seed(0)
-    x = torch.randn(4096)  # ~10 us add on one CPU thread of this machine class
-    y = torch.randn(4096)
-    out = torch.empty(4096)
-    a = torch.randn(256, 256)  # ~1 ms fp32 matmul here
-    b = torch.randn(256, 256)
-    c = torch.empty(256, 256)
+    x = torch.randn(32768)  # ~10 us add on one CPU thread of this machine class
+    y = torch.randn(32768)
+    out = torch.empty(32768)
+    a = torch.randn(400, 400)  # ~1 ms fp32 matmul here
+    b = torch.randn(400, 400)
+    c = torch.empty(400, 400)
     return {
-        "elementwise add 4096 fp32": lambda: torch.add(x, y, out=out),
-        "matmul 256^3 fp32": lambda: torch.matmul(a, b, out=c),
+        "elementwise add 32768 fp32": lambda: torch.add(x, y, out=out),
+        "matmul 400^3 fp32": lambda: torch.matmul(a, b, out=c),
     }
 
 
