@@ -69,6 +69,12 @@ def _roofline(rows: pd.DataFrame, all_rows: pd.DataFrame):
     return roofline_section(rows, all_rows)
 
 
+def _training(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .plots.training import training_section
+
+    return training_section(rows, all_rows)
+
+
 def _scaling(rows: pd.DataFrame, all_rows: pd.DataFrame):
     from .plots.scaling import scaling_section
 
@@ -78,6 +84,7 @@ def _scaling(rows: pd.DataFrame, all_rows: pd.DataFrame):
 SECTIONS: list[Section] = [
     Section(title="Roofline", select=_workload("roofline"), build=_roofline),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
+    Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"), build=_training),
     Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),

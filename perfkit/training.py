@@ -1,20 +1,31 @@
 """The training-step benchmark: one configuration in, one results row out.
 
-A seeded synthetic task (regression for ``mlp``, next-token prediction for ``transformer``) runs
-``steps`` optimizer steps; every step after ``warmup_steps`` is timed between device
-synchronizations and kept as a raw sample. The global batch is the same whatever the parallelism:
-DDP and FSDP split it across ranks, tensor parallel gives every rank all of it, so a parallel run
-follows the single-process loss trajectory (up to floating-point reassociation).
+A seeded synthetic task from :mod:`perfkit.workloads` (``mlp`` regression, ``transformer``
+next-token prediction, ``convnet`` classification) runs ``steps`` optimizer steps; every step
+after ``warmup_steps`` is timed between device synchronizations and kept as a raw sample. The
+global batch is the same whatever the parallelism: DDP and FSDP split it across ranks, tensor
+parallel gives every rank all of it, so a parallel run follows the single-process loss
+trajectory (up to floating-point reassociation).
+
+The row (``workload = "train_step"``) holds the step time (median, IQR, raw samples), samples/s
+and tokens/s, peak memory, the loss trajectory, and MFU beside the counted-FLOP utilisation
+(:mod:`perfkit.mfu`; the convention in ``mfu_convention``). The counted FLOP come from
+:class:`perfkit.counting.OpCounter` around the forward and backward of the first warm-up step
+(the optimizer step is left out, as it is from the analytic model FLOP), so counting costs no
+timed step and changes no number; under tensor parallel and torch.compile nothing is counted
+(NaN, with the reason in ``counted_flop_reason``).
 
 Entry points: :func:`train_step_benchmark` (this process), :func:`train_rank` (a
-:func:`perfkit.launch.launch` target), :func:`run_training` (either, always a row) and
-:func:`find_max_batch_size`. A setting the device cannot honour raises
-:class:`~perfkit.errors.ConfigurationSkipped` before any work (``run_training``: a ``skipped`` row).
+:func:`perfkit.launch.launch` target), :func:`run_training` (either, always a row),
+:func:`find_max_batch_size` and, for notebooks, :func:`raise_for_status`. A setting the device
+cannot honour raises :class:`~perfkit.errors.ConfigurationSkipped` before any work
+(``run_training``: a ``skipped`` row).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import resource
 import sys
@@ -24,19 +35,21 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
-from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
-from perfkit import parallel
-from perfkit.errors import BadInputError, ConfigurationSkipped
+from perfkit import mfu, parallel, workloads
+from perfkit.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.status import OK, OOM, SKIPPED, status_for_error
 from perfkit.timing import Measurement
 
-__all__ = ["TrainConfig", "PRECISIONS", "build_model", "check_supported", "train_step_benchmark",
-           "train_rank", "run_training", "find_max_batch_size"]
+__all__ = ["TrainConfig", "PRECISIONS", "WORKLOAD", "workload_spec", "check_supported",
+           "train_step_benchmark", "train_rank", "run_training", "find_max_batch_size",
+           "raise_for_status", "OutOfMemoryError"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp8")
-_MODELS = ("mlp", "transformer")
+#: The ``workload`` column of every training-step row.
+WORKLOAD = "train_step"
+# Set from the TrainConfig, never from model_size.
+_OWN_SIZE_KEYS = {"seq_len": "seq_len", "seed": "seed"}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -44,13 +57,16 @@ class TrainConfig:
     """One training-step configuration. Every field becomes a column of the results row."""
 
     model: str = "mlp"
-    """``mlp`` or ``transformer`` (see :func:`build_model`)."""
-    model_size: Mapping[str, int] = field(default_factory=dict)
-    """Size parameters passed to :func:`build_model` (e.g. ``dim``, ``n_layers``)."""
+    """``mlp``, ``transformer`` or ``convnet`` (:mod:`perfkit.workloads`)."""
+    model_size: Mapping[str, object] = field(default_factory=dict)
+    """Size fields of the workload's config (:class:`~perfkit.workloads.TransformerConfig`:
+    ``n_layers``, ``d_model``, ``n_heads``, ``vocab_size``, ...; :class:`~perfkit.workloads.MLPConfig`:
+    ``in_features``, ``hidden_features``, ``depth``, ...); unset fields keep the workload's
+    defaults. ``seq_len`` and ``seed`` come from this config."""
     batch_size: int = 32
     """Global batch in samples (sequences for the transformer), split across data-parallel ranks."""
     seq_len: int = 32
-    """Tokens per sequence (transformer only)."""
+    """Tokens per sequence (transformer only; other models ignore it)."""
     precision: str = "fp32"
     """``fp32``, ``tf32`` (CUDA), ``bf16``/``fp16`` (autocast; fp16 with a GradScaler),
     ``bf16-pure`` (bf16 weights and optimizer state) or ``fp8`` (torchao, Ada/Hopper/MI300)."""
@@ -86,21 +102,25 @@ class TrainConfig:
     """Leading steps left out of the timing (allocator, lazy init, compilation)."""
     seed: int = 0
     """Seeds the weights and the synthetic data; the same on every rank."""
-    lr: float = 3e-3
+    lr: float = 1e-2
     """AdamW learning rate (high enough that a few steps show the loss fall)."""
+    count_flops: bool = True
+    """Count the FLOP of the first warm-up step (:class:`perfkit.counting.OpCounter`) for the
+    counted-FLOP utilisation; needs ``warmup_steps >= 1`` and no ``compile``."""
     address_space_headroom_bytes: int | None = None
     """Cap each rank's address space (RLIMIT_AS) at its size after start-up plus this many bytes,
     to find an OOM edge on CPU without the kernel's OOM killer; forces separate processes."""
 
     def __post_init__(self):
         object.__setattr__(self, "model_size", dict(self.model_size))
-        _check_choice("model", self.model, _MODELS)
+        _check_choice("model", self.model, workloads.NAMES)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("parallelism", self.parallelism, ("none", "ddp", "fsdp", "tp"))
         _check_choice("device", self.device, ("auto", "cpu", "cuda"))
         _check_choice("comm_hook", self.comm_hook, ("none", "fp16", "bf16"))
-        if any(not isinstance(v, int) or v < 1 for v in self.model_size.values()):
-            raise BadInputError(f"model_size values must be positive ints, got {self.model_size}")
+        if set(self.model_size) & set(_OWN_SIZE_KEYS):
+            raise BadInputError(f"set {sorted(set(self.model_size) & set(_OWN_SIZE_KEYS))} on the "
+                                "TrainConfig, not in model_size")
         if min(self.batch_size, self.seq_len, self.world_size, self.steps) < 1:
             raise BadInputError("batch_size, seq_len, world_size and steps must be >= 1")
         if not 0 <= self.warmup_steps < self.steps:
@@ -117,6 +137,9 @@ class TrainConfig:
             raise BadInputError("comm_hook applies to parallelism 'ddp' only")
         if not self.lr > 0 or (self.address_space_headroom_bytes or 1) < 1:
             raise BadInputError("lr and address_space_headroom_bytes must be positive")
+        spec = workload_spec(self)  # unknown or bad size names fail here, before any work
+        if self.parallelism == "tp":
+            _check_tp(spec, self.world_size)
 
     def as_dict(self) -> dict:
         """JSON-ready fields (what :func:`train_rank` takes)."""
@@ -125,7 +148,8 @@ class TrainConfig:
     def as_row(self) -> dict:
         """Fields as results columns; ``model_size`` flattened to ``model_<name>`` columns."""
         row = self.as_dict()
-        row.update({f"model_{k}": v for k, v in row.pop("model_size").items()})
+        row.update({f"model_{k}": json.dumps(v) if isinstance(v, (list, tuple)) else v
+                    for k, v in row.pop("model_size").items()})
         return row
 
 
@@ -134,101 +158,27 @@ def _check_choice(name: str, value, choices) -> None:
         raise BadInputError(f"{name} must be one of {choices}, got {value!r}")
 
 
-# ---- models (to be merged into perfkit.workloads) ----------------------------------------------
+def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec:
+    """The :mod:`perfkit.workloads` config ``cfg`` trains: ``model_size`` over the workload's
+    defaults, with the config's ``seed`` (and ``seq_len`` for the transformer)."""
+    size = {**cfg.model_size, "seed": cfg.seed}
+    if cfg.model == "transformer":
+        size["seq_len"] = cfg.seq_len
+    return workloads.make_spec(cfg.model, **size)
 
 
-class _Model(nn.Module):
-    """Blocks run in sequence (optionally checkpointed); ``tp_plan`` collects the blocks' plans."""
-
-    activation_checkpointing = False
-
-    def _run_blocks(self, x):
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        return x
-
-    def tp_plan(self) -> dict[str, str]:
-        return {f"blocks.{i}.{path}": style for i, block in enumerate(self.blocks)
-                for path, style in block.TP_PLAN.items()}
-
-
-class _MLPBlock(nn.Module):
-    TP_PLAN = {"up": "colwise", "down": "rowwise"}
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up, self.down = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class _MLP(_Model):
-    def __init__(self, d_in: int = 32, dim: int = 64, hidden: int = 256, depth: int = 2,
-                 d_out: int = 8):
-        super().__init__()
-        self.d_in, self.d_out = d_in, d_out
-        self.inp, self.out = nn.Linear(d_in, dim), nn.Linear(dim, d_out)
-        self.blocks = nn.ModuleList(_MLPBlock(dim, hidden) for _ in range(depth))
-
-    def forward(self, x):
-        return self.out(self._run_blocks(self.inp(x)))
-
-
-class _GPTBlock(nn.Module):
-    TP_PLAN = {"q": "colwise", "k": "colwise", "v": "colwise", "o": "rowwise",
-               "fc": "colwise", "proj": "rowwise"}
-
-    def __init__(self, dim: int, n_heads: int):
-        super().__init__()
-        self.head_dim = dim // n_heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.fc, self.proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        h = self.ln1(x)
-        # -1 heads: under tensor parallel each rank holds n_heads / world_size of them.
-        q, k, v = (proj(h).view(b, t, -1, self.head_dim).transpose(1, 2)
-                   for proj in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(b, t, -1))
-        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
-
-
-class _GPT(_Model):
-    def __init__(self, vocab: int = 64, dim: int = 32, n_heads: int = 4, n_layers: int = 2,
-                 max_seq_len: int = 128):
-        super().__init__()
-        if dim % n_heads:
-            raise BadInputError(f"dim {dim} is not divisible by n_heads {n_heads}")
-        self.vocab, self.max_seq_len, self.n_heads = vocab, max_seq_len, n_heads
-        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_seq_len, dim)
-        self.blocks = nn.ModuleList(_GPTBlock(dim, n_heads) for _ in range(n_layers))
-        self.ln_f, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        return self.head(self.ln_f(self._run_blocks(x)))
-
-
-_BUILDERS = {"mlp": _MLP, "transformer": _GPT}
-
-
-def build_model(name: str, **size) -> nn.Module:
-    """``mlp`` (d_in, dim, hidden, depth, d_out: residual GELU blocks, a regression head) or a
-    GPT-style ``transformer`` (vocab, dim, n_heads, n_layers, max_seq_len; SDPA causal attention).
-    Both expose ``blocks`` (the FSDP units), ``activation_checkpointing`` and ``tp_plan()``."""
-    _check_choice("model", name, tuple(_BUILDERS))
-    try:
-        return _BUILDERS[name](**size)
-    except TypeError as error:  # an unknown size name
-        raise BadInputError(f"bad size for {name}: {error}") from None
+def _check_tp(spec, world_size: int) -> None:
+    # Column/row splits must give every rank whole heads and equal shards.
+    if isinstance(spec, workloads.TransformerConfig):
+        if spec.n_heads % world_size:
+            raise BadInputError(f"tensor parallel over {world_size} ranks needs n_heads divisible "
+                                f"by it, got {spec.n_heads}")
+    elif isinstance(spec, workloads.MLPConfig):
+        if spec.depth < 2 or spec.hidden_features % world_size:
+            raise BadInputError(f"tensor parallel of the mlp needs depth >= 2 and hidden_features "
+                                f"divisible by {world_size}, got {spec.depth}, {spec.hidden_features}")
+    else:
+        raise BadInputError(f"{spec.name} has no tensor-parallel plan (mlp and transformer have)")
 
 
 # ---- device support ----------------------------------------------------------------------------
@@ -281,48 +231,33 @@ def check_supported(cfg: TrainConfig) -> None:
         parallel.check_comm_hook(cfg.comm_hook, "nccl" if device == "cuda" else "gloo")
 
 
-# ---- synthetic task ----------------------------------------------------------------------------
-
-
-def _batch(cfg: TrainConfig, model: nn.Module, step: int, ctx: parallel.DistContext, device):
-    """This rank's slice of global batch ``step``: generated whole on CPU from (seed, step), so
-    every rank and a single process draw the same global batch."""
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    lo = cfg.batch_size // ctx.dp_size * ctx.dp_rank
-    hi = lo + cfg.batch_size // ctx.dp_size
-    if cfg.model == "mlp":
-        # Regression onto a fixed random map: y = tanh(x W), W seeded by cfg.seed only.
-        w = torch.randn(model.d_in, model.d_out, generator=torch.Generator().manual_seed(cfg.seed))
-        x = torch.randn(cfg.batch_size, model.d_in, generator=gen)
-        y = torch.tanh(x @ w / math.sqrt(model.d_in))
-        return x[lo:hi].to(device), y[lo:hi].to(device)
-    # Next-token prediction on arithmetic sequences t_i = (start + i * stride) mod vocab:
-    # learnable from the context, so the loss falls within a few steps.
-    start = torch.randint(0, model.vocab, (cfg.batch_size, 1), generator=gen)
-    stride = torch.randint(1, 4, (cfg.batch_size, 1), generator=gen)
-    tokens = (start + stride * torch.arange(cfg.seq_len + 1)) % model.vocab
-    return tokens[lo:hi, :-1].to(device), tokens[lo:hi, 1:].to(device)
-
-
-def _loss(cfg: TrainConfig, out, target):
-    if cfg.model == "mlp":
-        return F.mse_loss(out.float(), target)
-    return F.cross_entropy(out.float().flatten(0, 1), target.flatten())
-
-
 # ---- the benchmark -----------------------------------------------------------------------------
 
 
-def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, int]:
-    size = dict(cfg.model_size)
-    if cfg.model == "transformer":
-        size.setdefault("max_seq_len", cfg.seq_len)
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in one process
-    model = build_model(cfg.model, **size).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
+def _batch_seed(cfg: TrainConfig, step: int) -> int:
+    # Global batch `step` is one draw from (seed, step), whatever the parallelism.
+    return cfg.seed * 2**32 + step
+
+
+def _batch(cfg: TrainConfig, work: workloads.Workload, step: int, ctx: parallel.DistContext,
+           device: torch.device):
+    """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
+    single process see the same global batch."""
+    inputs, target = work.make_batch(cfg.batch_size, seed=_batch_seed(cfg, step))
+    size = cfg.batch_size // ctx.dp_size
+    lo = size * ctx.dp_rank
+    inputs, target = inputs[lo:lo + size].to(device), target[lo:lo + size].to(device)
+    if cfg.precision == "bf16-pure" and inputs.is_floating_point():
+        inputs = inputs.to(torch.bfloat16)
+    return inputs, target
+
+
+def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloads.Workload]:
+    # Weights come from spec.seed: identical on every rank and in one process.
+    work = workloads.build(workload_spec(cfg), device=device,
+                           dtype=torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32)
+    model = work.model
     model.activation_checkpointing = cfg.activation_checkpointing
-    if cfg.precision == "bf16-pure":
-        model = model.to(torch.bfloat16)
     if cfg.precision == "fp8":
         from torchao.float8 import convert_to_float8_training
 
@@ -339,7 +274,7 @@ def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, int]:
         model = parallel.apply_tp(model)
     if cfg.compile:
         model = torch.compile(model, mode=cfg.compile_mode)
-    return model, n_params
+    return model, work
 
 
 @contextlib.contextmanager
@@ -369,48 +304,86 @@ def _peak_mem_bytes(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "cpu_max_rss"
 
 
+def _count_reason(cfg: TrainConfig) -> str | None:
+    """Why the first step's FLOP are not counted, or None when they are."""
+    if not cfg.count_flops:
+        return "count_flops is off"
+    if cfg.warmup_steps < 1:
+        return "no warm-up step to count on (warmup_steps is 0)"
+    if cfg.compile:
+        # Compiled kernels run below the dispatcher: the counter would see a fraction of the ops.
+        return "not counted under torch.compile (fused kernels bypass the dispatch-level counter)"
+    if cfg.parallelism == "tp":
+        # Above DTensor's dispatch the counter sees sharded-weight matmuls at their global shape
+        # and the ops between them at shard shape: neither one rank's count nor the sum is exact.
+        return "not counted under tensor parallel (DTensor ops mix global and shard shapes)"
+    return None
+
+
 def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     """Train ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
+    from perfkit.counting import OpCounter, coverage
+    from perfkit.devices import detect
+
     device = torch.device(_resolve_device(cfg))
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.reset_peak_memory_stats(device)
-    model, n_params = _prepare(cfg, device)
-    raw_model = getattr(model, "_orig_mod", model)
-    raw_model = getattr(raw_model, "module", raw_model)  # DDP's wrapped module
+    info = detect(str(device))
+    model, work = _prepare(cfg, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    losses, samples_s = [], []
+    count = _count_reason(cfg) is None
+    losses, samples_s, counted = [], [], None
     with _matmul_precision(cfg.precision):
         for step in range(cfg.steps):
-            inputs, target = _batch(cfg, raw_model, step, ctx, device)
-            if cfg.precision == "bf16-pure" and inputs.is_floating_point():
-                inputs = inputs.to(torch.bfloat16)
+            inputs, target = _batch(cfg, work, step, ctx, device)
+            counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
             _synchronize(device)
             t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = _loss(cfg, model(inputs), target)
-            if scaler is not None:  # fp16: scale the loss so small gradients do not flush to 0
-                scaler.scale(loss).backward()
+            with counter:  # forward and backward: what the analytic model FLOP describe
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    out = model(inputs)
+                # The loss in fp32 whatever the compute dtype.
+                loss = work.loss_fn(out.float(), target)
+                # fp16: scale the loss so small gradients do not flush to zero.
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
             else:
-                loss.backward()
                 optimizer.step()
             _synchronize(device)
             if step >= cfg.warmup_steps:
                 samples_s.append(time.perf_counter() - t0)
+            if isinstance(counter, OpCounter):
+                counted = counter.frame()
             losses.append(loss.detach().float())
     losses_t = torch.stack(losses)
     if ctx.dp_size > 1:  # the global-batch loss is the mean of the equal-sized slices' losses
         torch.distributed.all_reduce(losses_t)
         losses_t /= ctx.dp_size
     peak, peak_kind = _peak_mem_bytes(device)
+    uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
     return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
-            "peak_mem_bytes": peak, "peak_mem_kind": peak_kind, "n_params": n_params,
-            "device": device.type, "grad_scale": scaler.get_scale() if scaler else math.nan}
+            "peak_mem_bytes": peak, "peak_mem_kind": peak_kind, "n_params": work.n_params,
+            "n_params_non_embedding": work.n_params_non_embedding,
+            "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
+            "uncounted_ops": uncounted, "device": device.type, "device_kind": info.kind,
+            "device_name": info.name, "grad_scale": scaler.get_scale() if scaler else math.nan}
+
+
+def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
+    """FLOP counted in one step over all ranks, or (NaN, why not)."""
+    reason = _count_reason(cfg)
+    if reason is None:
+        # Each rank counted the forward and backward of its slice of the batch (FSDP2 gathers
+        # whole parameters for them, so these are plain, unsharded ops).
+        return float(sum(r["counted_flop"] for r in rank_results)), None
+    return math.nan, reason
 
 
 def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
@@ -420,15 +393,36 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
                          label=f"{cfg.model} {cfg.parallelism} step").as_row("step_time")
     first, losses = rank_results[0], rank_results[0]["losses"]
     step_s = timing["step_time_s"]
-    tokens = cfg.batch_size * cfg.seq_len if cfg.model == "transformer" else math.nan
+    tokens = (cfg.batch_size * first["tokens_per_sample"] if first["tokens_per_sample"]
+              else math.nan)
+    # One GPU per rank (peak × world_size); on a CPU the ranks share the cores of one peak.
+    peak = mfu.peak_flop_per_s(device_kind=first["device_kind"], device_name=first["device_name"],
+                               precision=cfg.precision, devices=cfg.world_size)
+    model_flop = float(first["flop_per_sample"] * cfg.batch_size)
+    counted_flop, counted_reason = _counted_step_flop(cfg, rank_results)
     return {
-        **cfg.as_row(), "status": OK, "error": None, **timing,
+        **cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None, **timing,
         "samples_per_s": cfg.batch_size / step_s,
         "tokens_per_s": tokens / step_s,
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rank_results),
         "peak_mem_kind": first["peak_mem_kind"], "n_params": first["n_params"],
+        "n_params_non_embedding": first["n_params_non_embedding"],
+        "step_model_flop": model_flop,
+        "model_flop_per_s": model_flop / step_s,
+        "peak_flop_per_s": peak.flop_per_s,
+        "peak_source": peak.source,
+        "mfu": mfu.utilisation(model_flop, step_s, peak),
+        "mfu_convention": mfu.mfu_convention(cfg.model, peak),
+        "mfu_reason": peak.reason,
+        "step_counted_flop": counted_flop,
+        "counted_flop_per_s": counted_flop / step_s,
+        "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),
+        "counted_flop_reason": counted_reason or peak.reason,
+        "uncounted_ops": ", ".join(sorted(set().union(*(r["uncounted_ops"] for r in rank_results)))),
         "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-        "resolved_device": first["device"], "grad_scale": first["grad_scale"],
+        "loss_fell": bool(losses[-1] < losses[0]),
+        "resolved_device": first["device"], "device_name": first["device_name"],
+        "grad_scale": first["grad_scale"],
     }
 
 
@@ -465,7 +459,7 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
     (``timeout_s`` enforced, an OOM cannot take the caller down); otherwise the run happens in
     this process, where ``timeout_s`` cannot be enforced.
     """
-    base = {**cfg.as_row(), "error": None}
+    base = {**cfg.as_row(), "workload": WORKLOAD, "error": None}
     try:
         check_supported(cfg)
     except ConfigurationSkipped as skipped:
@@ -539,3 +533,21 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
             return {"max_batch_size": good, "probes": probes, "stopped_by": verdict}
         good, bad = (mid, bad) if verdict else (good, mid)
     return {"max_batch_size": good, "probes": probes, "stopped_by": None}
+
+
+class OutOfMemoryError(ExecutionFailed):
+    """A training run ended ``oom``; the class name is what makes the notebook runner classify
+    the execution as ``oom`` (:func:`perfkit.status.status_for_error`)."""
+
+
+def raise_for_status(row: Mapping) -> None:
+    """For a notebook, after recording ``row``: return if it is ``ok``; otherwise stop the
+    notebook the way its status says (skipped: :class:`ConfigurationSkipped`; oom:
+    :class:`OutOfMemoryError`; failed, timeout, killed: :class:`ExecutionFailed`)."""
+    status, reason = row["status"], row.get("error") or ""
+    if status == OK:
+        return
+    if status == SKIPPED:
+        raise ConfigurationSkipped(reason)
+    error = OutOfMemoryError if status == OOM else ExecutionFailed
+    raise error(status=status, error_name=f"train_step {status}", message=reason)

@@ -25,6 +25,12 @@ In a real step the inputs do not require grad, so autograd skips that one matmul
 is unaffected: its first layer's input is the embedding, which does need the gradient).
 :attr:`Workload.flop_per_sample_first_input_grad` is that term, so the executed count is
 ``flop_per_sample - flop_per_sample_first_input_grad``.
+
+Every model runs its layers as ``model.blocks`` (an ``nn.ModuleList``) between a stem and a head,
+because the training step (:mod:`perfkit.training`) needs that shape: FSDP2 shards each block
+as one unit (:func:`perfkit.parallel.apply_fsdp`), ``model.activation_checkpointing = True``
+recomputes each block's activations in backward, and the mlp and transformer say how tensor
+parallel splits them with ``model.tp_plan()`` (:func:`perfkit.parallel.apply_tp`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from perfkit.errors import BadInputError
 
@@ -47,6 +54,7 @@ __all__ = [
     "Workload",
     "build",
     "make_spec",
+    "NAMES",
 ]
 
 
@@ -149,6 +157,8 @@ class ConvNetConfig:
 
 WorkloadSpec = MLPConfig | TransformerConfig | ConvNetConfig
 _CONFIGS = {c.name: c for c in (MLPConfig, TransformerConfig, ConvNetConfig)}
+#: Workload names, as :func:`make_spec` takes them.
+NAMES = tuple(_CONFIGS)
 
 
 def make_spec(name: str, **params) -> WorkloadSpec:
@@ -215,6 +225,56 @@ class Workload:
 # --- models ----------------------------------------------------------------------------------
 
 
+class _BlockModel(nn.Module):
+    """A stem, ``blocks`` run in order (each optionally checkpointed), a head."""
+
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (non-reentrant
+    ``torch.utils.checkpoint``; it composes with DDP, FSDP2 and torch.compile)."""
+
+    def _run_blocks(self, x):
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+
+class _Dense(nn.Module):
+    """One Linear layer of the mlp, ReLU after it unless it is the last."""
+
+    def __init__(self, n_in: int, n_out: int, bias: bool, relu: bool):
+        super().__init__()
+        self.linear = nn.Linear(n_in, n_out, bias=bias)
+        self.relu = relu
+
+    def forward(self, x):
+        y = self.linear(x)
+        return F.relu(y) if self.relu else y
+
+
+class _MLP(_BlockModel):
+    def __init__(self, cfg: MLPConfig):
+        super().__init__()
+        widths = [cfg.in_features] + [cfg.hidden_features] * (cfg.depth - 1) + [cfg.out_features]
+        self.blocks = nn.ModuleList(_Dense(a, b, cfg.bias, i < cfg.depth - 1)
+                                    for i, (a, b) in enumerate(zip(widths, widths[1:])))
+
+    def forward(self, x):
+        return self._run_blocks(x)
+
+    def tp_plan(self) -> dict[str, str]:
+        # Megatron pairs: layer 2i split by output features, layer 2i+1 by input features, so
+        # the ReLU between them runs on the local shard and each pair ends in one all-reduce. An
+        # odd last layer stays replicated.
+        plan = {}
+        for i in range(0, len(self.blocks) - 1, 2):
+            plan[f"blocks.{i}.linear"] = "colwise"
+            plan[f"blocks.{i + 1}.linear"] = "rowwise"
+        return plan
+
+
 class _Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -246,6 +306,11 @@ class _MLPBlock(nn.Module):
 
 
 class _Block(nn.Module):
+    #: Megatron-LM's split (Shoeybi et al. 2019, section 3): q/k/v by output features (whole
+    #: heads per rank), out_proj by input features; fc1 by output, fc2 by input features.
+    TP_PLAN = {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise",
+               "attn.out_proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
@@ -258,7 +323,7 @@ class _Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class _GPT(nn.Module):
+class _GPT(_BlockModel):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -270,9 +335,12 @@ class _GPT(nn.Module):
     def forward(self, tokens):
         pos = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(pos)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.lm_head(self.ln_f(self._run_blocks(x)))
+
+    def tp_plan(self) -> dict[str, str]:
+        # Embeddings, norms and the lm head stay replicated.
+        return {f"blocks.{i}.{path}": style for i in range(len(self.blocks))
+                for path, style in _Block.TP_PLAN.items()}
 
 
 class _BasicBlock(nn.Module):
@@ -295,20 +363,28 @@ class _BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
-def _convnet(cfg: ConvNetConfig) -> nn.Sequential:
-    layers: list[nn.Module] = [
-        nn.Conv2d(cfg.in_channels, cfg.widths[0], 3, padding=1, bias=False),
-        nn.BatchNorm2d(cfg.widths[0]),
-        nn.ReLU(),
-    ]
-    c_in = cfg.widths[0]
-    for stage, width in enumerate(cfg.widths):
-        for i in range(cfg.blocks_per_stage):
-            stride = 2 if stage > 0 and i == 0 else 1
-            layers.append(_BasicBlock(c_in, width, stride))
-            c_in = width
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, cfg.n_classes)]
-    return nn.Sequential(*layers)
+class _ConvNet(_BlockModel):
+    """Stem conv, BasicBlocks, global average pool and a linear head. No ``tp_plan``: tensor
+    parallel of convolutions is not a Megatron column/row split."""
+
+    def __init__(self, cfg: ConvNetConfig):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(cfg.in_channels, cfg.widths[0], 3, padding=1, bias=False),
+            nn.BatchNorm2d(cfg.widths[0]),
+            nn.ReLU(),
+        )
+        blocks, c_in = [], cfg.widths[0]
+        for stage, width in enumerate(cfg.widths):
+            for i in range(cfg.blocks_per_stage):
+                blocks.append(_BasicBlock(c_in, width, 2 if stage > 0 and i == 0 else 1))
+                c_in = width
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(c_in, cfg.n_classes)
+
+    def forward(self, x):
+        x = self._run_blocks(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
 # --- analytic FLOP ---------------------------------------------------------------------------
@@ -407,7 +483,8 @@ def build(spec: WorkloadSpec, *, device: str | torch.device = "cpu",
         L, H, Q, T = spec.n_layers, spec.n_heads, spec.head_dim, spec.seq_len
         flop = (6 * n_non_emb + 12 * L * H * Q * T) * T
     elif isinstance(spec, MLPConfig):
-        flop = 6 * sum(m.in_features * m.out_features for m in model if isinstance(m, nn.Linear))
+        flop = 6 * sum(m.in_features * m.out_features for m in model.modules()
+                       if isinstance(m, nn.Linear))
     else:
         forward, _ = _convnet_forward_flop(spec)
         flop = 3 * forward
@@ -428,14 +505,9 @@ def _build_parts(spec):
     if isinstance(spec, TransformerConfig):
         return _GPT(spec), _cross_entropy, _transformer_task(spec), spec.seq_len, 0
     if isinstance(spec, MLPConfig):
-        widths = [spec.in_features] + [spec.hidden_features] * (spec.depth - 1) + [spec.out_features]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(widths, widths[1:])):
-            layers.append(nn.Linear(a, b, bias=spec.bias))
-            if i < spec.depth - 1:
-                layers.append(nn.ReLU())
+        n_out = spec.hidden_features if spec.depth > 1 else spec.out_features
         # First layer's input gradient: one in·out matmul of 2 FLOP per multiply-add.
-        return nn.Sequential(*layers), F.mse_loss, _mlp_task(spec), None, 2 * widths[0] * widths[1]
+        return _MLP(spec), F.mse_loss, _mlp_task(spec), None, 2 * spec.in_features * n_out
     _, stem = _convnet_forward_flop(spec)
     # The stem conv's input gradient costs as much as its forward.
-    return _convnet(spec), _cross_entropy, _convnet_task(spec), None, stem
+    return _ConvNet(spec), _cross_entropy, _convnet_task(spec), None, stem

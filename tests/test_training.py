@@ -16,11 +16,14 @@ import statistics
 import pytest
 import torch
 
-from perfkit.errors import BadInputError, ConfigurationSkipped
+from perfkit import mfu, workloads
+from perfkit.devices import CpuPeak
+from perfkit.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.training import (
+    OutOfMemoryError,
     TrainConfig,
-    build_model,
     find_max_batch_size,
+    raise_for_status,
     run_training,
     train_step_benchmark,
 )
@@ -30,7 +33,7 @@ TIMEOUT_S = 120.0
 # Big enough that each step's loss is a fair sample of the task, small enough for 2 cores.
 BASE = {"model": "transformer", "batch_size": 16, "seq_len": 16, "steps": 4, "warmup_steps": 1,
         "lr": 1e-2,
-        "model_size": {"vocab": 64, "dim": 32, "n_heads": 4, "n_layers": 2}}
+        "model_size": {"vocab_size": 64, "d_model": 32, "n_heads": 4, "n_layers": 2}}
 MLP = {"model": "mlp", "batch_size": 32, "steps": 5, "warmup_steps": 1}
 
 
@@ -60,6 +63,22 @@ def test_parallel_run_follows_the_single_process_loss(single_process_rows, model
     assert row["n_params"] == reference["n_params"]  # the full model's count, not a shard's
     assert row["peak_mem_bytes"] > 0 and row["peak_mem_kind"] == "cpu_max_rss"
     assert row["samples_per_s"] == pytest.approx(base["batch_size"] / row["step_time_s"])
+    assert row["workload"] == "train_step"
+    # MFU: the same analytic FLOP per step; the CPU's cores are one peak, shared by the ranks.
+    assert row["step_model_flop"] == reference["step_model_flop"]
+    assert row["peak_flop_per_s"] == reference["peak_flop_per_s"]
+    assert "shared by 2 ranks" in row["mfu_convention"]
+    if parallelism == "tp":
+        assert math.isnan(row["counted_flop_utilisation"])
+        assert "tensor parallel" in row["counted_flop_reason"]
+    else:
+        # Each rank counted the forward+backward of its half of the batch: together the whole,
+        # plus the gradient averaging data parallel adds (DDP: every rank divides each of its
+        # n_params gradients by the world size, seen: 2·n_params + 512 on this model).
+        extra = row["step_counted_flop"] - reference["step_counted_flop"]
+        assert 0 <= extra <= 2 * row["n_params"] + 1024
+        assert extra < 2e-3 * reference["step_counted_flop"]
+        assert "c10d" in row["uncounted_ops"]  # the collectives ran inside the counted region
 
 
 @pytest.mark.parametrize("cfg", [BASE, MLP], ids=["transformer", "mlp"])
@@ -71,12 +90,76 @@ def test_single_process_loss_is_finite_and_falls(single_process_rows, cfg):
     assert row["loss_last"] < 0.95 * row["loss_first"]
     assert all(s > 0 for s in row["step_time_samples_s"])
     assert row["step_time_s"] == pytest.approx(statistics.median(row["step_time_samples_s"]))
+    assert row["loss_fell"] and row["workload"] == "train_step"
+    assert row["step_time_samples_s"] and row["step_time_iqr_s"] >= 0
+    assert len(row["step_time_samples_s"]) == cfg["steps"] - cfg["warmup_steps"]
     if cfg["model"] == "transformer":
         assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * cfg["seq_len"])
         # Next-token loss starts near ln(vocab): the model begins uninformed.
-        assert row["loss_first"] == pytest.approx(math.log(cfg["model_size"]["vocab"]), rel=0.1)
+        assert row["loss_first"] == pytest.approx(math.log(cfg["model_size"]["vocab_size"]), rel=0.1)
     else:
         assert math.isnan(row["tokens_per_s"])
+
+
+@pytest.mark.parametrize("cfg", [BASE, MLP], ids=["transformer", "mlp"])
+def test_single_process_row_states_mfu_and_counted_flop_utilisation(single_process_rows, cfg):
+    row = single_process_rows[cfg["model"]]
+    spec = workloads.make_spec(cfg["model"], **cfg.get("model_size", {}),
+                               **({"seq_len": cfg["seq_len"]} if "seq_len" in cfg else {}))
+    work = workloads.build(spec)
+    assert row["step_model_flop"] == work.flop_per_sample * cfg["batch_size"]
+    # The CPU theoretical fp32 peak, never a fallback; MFU = model FLOP/s ÷ peak.
+    assert row["peak_flop_per_s"] == mfu.peak_flop_per_s(
+        device_kind="cpu", device_name="", precision="fp32", devices=1).flop_per_s > 0
+    assert row["mfu"] == pytest.approx(row["model_flop_per_s"] / row["peak_flop_per_s"])
+    assert row["model_flop_per_s"] == pytest.approx(row["step_model_flop"] / row["step_time_s"])
+    assert "CPU theoretical fp32 peak" in row["mfu_convention"] and row["mfu_reason"] is None
+    assert ("PaLM 6N+12LHQT" in row["mfu_convention"]) == (cfg["model"] == "transformer")
+    # Counted: forward+backward of one warm-up step, everything of it counted on these models.
+    assert row["counted_flop_utilisation"] == pytest.approx(
+        row["step_counted_flop"] / row["step_time_s"] / row["peak_flop_per_s"])
+    assert row["uncounted_ops"] == "" and row["counted_flop_reason"] is None
+    if cfg["model"] == "mlp":
+        # 6·Σ in·out exactly, less the first layer's input gradient autograd skips, plus the
+        # counter's mse_loss (3 per element, forward and backward) and ReLU (1 per element,
+        # forward and its backward threshold) work.
+        matmuls = (work.flop_per_sample - work.flop_per_sample_first_input_grad) * cfg["batch_size"]
+        assert matmuls < row["step_counted_flop"] < 1.2 * matmuls
+    else:
+        # The analytic rule leaves out norms, softmax and elementwise work: within 10 %.
+        assert row["step_counted_flop"] == pytest.approx(row["step_model_flop"], rel=0.1)
+
+
+def test_unknown_peaks_give_nan_with_the_reason_never_a_fallback():
+    cpu = CpuPeak(flop_per_s={"fp32": 1e12, "fp64": 5e11}, cores=4, clock_hz=2e9, clock_source="given",
+                  isa="avx2+fma", flop_per_cycle_per_core={"fp32": 32, "fp64": 16}, assumption="x")
+    bf16_cpu = mfu.peak_flop_per_s(device_kind="cpu", device_name="Some CPU", precision="bf16",
+                                   devices=1, cpu_peak=cpu)
+    assert math.isnan(bf16_cpu.flop_per_s) and "bf16" in bf16_cpu.reason
+    unknown = mfu.peak_flop_per_s(device_kind="cuda", device_name="NVIDIA Future GPU",
+                                  precision="bf16", devices=8)
+    assert math.isnan(unknown.flop_per_s) and "unknown device" in unknown.reason
+    assert math.isnan(mfu.utilisation(1e12, 1.0, unknown))
+    h100 = mfu.peak_flop_per_s(device_kind="cuda", device_name="NVIDIA H100 80GB HBM3",
+                               precision="bf16-pure", devices=8)
+    assert h100.flop_per_s == pytest.approx(8 * 989.4e12) and h100.reason is None
+    assert "8 × spec dense bf16 peak" in mfu.mfu_convention("transformer", h100)
+    assert mfu.utilisation(8 * 989.4e12 * 0.4, 1.0, h100) == pytest.approx(0.4)
+    shared = mfu.peak_flop_per_s(device_kind="cpu", device_name="Some CPU", precision="fp32",
+                                 devices=2, cpu_peak=cpu)
+    assert shared.flop_per_s == 1e12 and "shared by 2 ranks" in shared.description
+
+
+def test_raise_for_status_stops_a_notebook_the_way_the_row_ended():
+    raise_for_status({"status": "ok"})
+    with pytest.raises(ConfigurationSkipped, match="no GPU"):
+        raise_for_status({"status": "skipped", "error": "no GPU"})
+    with pytest.raises(OutOfMemoryError) as oom:  # the class name the runner maps to oom
+        raise_for_status({"status": "oom", "error": "can't allocate"})
+    assert oom.value.status == "oom"
+    with pytest.raises(ExecutionFailed) as failed:
+        raise_for_status({"status": "timeout", "error": "no result within 1 s"})
+    assert failed.value.status == "timeout" and not isinstance(failed.value, OutOfMemoryError)
 
 
 def test_fp16_autocast_with_grad_scaler_runs_on_cpu(single_process_rows):
@@ -98,6 +181,10 @@ def test_bf16_runs_close_to_fp32(single_process_rows, precision):
     assert row["losses"] != reference
     assert row["losses"] == pytest.approx(reference, rel=5e-2)
     assert math.isnan(row["grad_scale"])
+    # A CPU has a theoretical fp32/fp64 peak only: bf16 MFU is NaN with the reason, not fp32's.
+    assert math.isnan(row["mfu"]) and math.isnan(row["counted_flop_utilisation"])
+    assert "bf16" in row["mfu_reason"] and row["counted_flop_reason"] == row["mfu_reason"]
+    assert row["step_counted_flop"] > 0 and row["status"] == "ok"
 
 
 def test_activation_checkpointing_recomputes_the_same_numbers(single_process_rows):
@@ -121,6 +208,7 @@ def test_settings_the_cpu_cannot_honour_are_skipped_before_any_work(overrides, w
     row = run_training(cfg, TIMEOUT_S)
     assert row["status"] == "skipped"
     assert words in row["error"]
+    assert row["workload"] == "train_step"
     assert "losses" not in row  # nothing ran
 
 
@@ -160,9 +248,11 @@ def test_capped_memory_and_a_huge_batch_end_as_oom():
 
 @pytest.mark.slow
 def test_find_max_batch_size_doubles_then_bisects_to_the_oom_edge():
-    cfg = TrainConfig(model="mlp", steps=1, warmup_steps=0,
-                      address_space_headroom_bytes=512 * 2**20)
-    found = find_max_batch_size(cfg, start=2**15, limit=2**17, multiple_of=2**14,
+    # Wide layers (about 20 KiB of activations and gradients per sample) against 1 GiB of
+    # headroom put the edge near 2^15-2^16, well above the address-space noise of thread arenas.
+    cfg = TrainConfig(model="mlp", steps=1, warmup_steps=0, model_size={"hidden_features": 1024},
+                      address_space_headroom_bytes=2**30)
+    found = find_max_batch_size(cfg, start=2**14, limit=2**17, multiple_of=2**13,
                                 timeout_s=TIMEOUT_S)
     assert found["stopped_by"] is None
     statuses = dict(found["probes"])
@@ -172,7 +262,7 @@ def test_find_max_batch_size_doubles_then_bisects_to_the_oom_edge():
     # Consistent edge: every probe above the answer ran out of memory, every one below fit.
     assert all((status == "ok") == (batch <= best) for batch, status in found["probes"])
     # Bisection probed between the last doubling that fit and the first that did not.
-    assert any(batch % 2**15 for batch, _ in found["probes"])
+    assert any(batch & (batch - 1) for batch, _ in found["probes"])  # not a power of two
 
 
 @pytest.mark.parametrize(
@@ -192,11 +282,29 @@ def test_bad_configurations_are_rejected(kwargs):
         TrainConfig(**kwargs)
 
 
-def test_build_model_rejects_unknown_names_and_sizes():
+def test_models_and_sizes_are_the_workloads_and_are_checked():
     with pytest.raises(BadInputError):
-        build_model("resnet")
-    with pytest.raises(BadInputError):
-        build_model("mlp", width=3)
-    model = build_model("transformer", vocab=16, dim=8, n_heads=2, n_layers=1, max_seq_len=4)
+        TrainConfig(model="resnet")
+    with pytest.raises(BadInputError, match="mlp"):
+        TrainConfig(model="mlp", model_size={"width": 3})
+    with pytest.raises(BadInputError, match="seq_len"):
+        TrainConfig(model="transformer", model_size={"seq_len": 8})  # a TrainConfig field
+    with pytest.raises(BadInputError, match="n_heads"):  # whole heads per rank
+        TrainConfig(**{**BASE, "model_size": {"n_heads": 3, "d_model": 24}}, parallelism="tp",
+                    world_size=2)
+    with pytest.raises(BadInputError, match="tensor-parallel"):
+        TrainConfig(model="convnet", parallelism="tp", world_size=2, batch_size=2)
+    model = workloads.build(workloads.make_spec("transformer", vocab_size=16, d_model=8, n_heads=2,
+                                                n_layers=1, seq_len=4)).model
     assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 16)
     assert set(model.tp_plan().values()) == {"colwise", "rowwise"}
+    row = TrainConfig(model="convnet", model_size={"widths": [4, 8]}).as_row()
+    assert row["model_widths"] == "[4, 8]"  # one type per Parquet column
+
+
+def test_convnet_trains_in_process():
+    row = train_step_benchmark(TrainConfig(model="convnet", batch_size=8, steps=3,
+                                           model_size={"widths": [4, 8], "image_size": 8}))
+    assert row["status"] == "ok" and all(math.isfinite(x) for x in row["losses"])
+    assert row["mfu"] > 0 and "3 × forward" in row["mfu_convention"]
+    assert row["step_counted_flop"] > 0

@@ -71,6 +71,40 @@ def test_transformer_submodules_are_named_linears_for_tensor_parallel():
             assert isinstance(model.get_submodule(f"blocks.{i}.{name}"), torch.nn.Linear)
 
 
+def test_models_run_blocks_with_a_checkpointing_switch_and_tp_plans():
+    # What the training step needs: FSDP2 units (blocks), recompute, tensor-parallel layouts.
+    gpt, mlp, cnn = build(TINY_GPT).model, build(TINY_MLP).model, build(TINY_CNN).model
+    assert len(gpt.blocks) == 2 and len(mlp.blocks) == 3 and len(cnn.blocks) == 2
+    assert gpt.tp_plan() == {
+        f"blocks.{i}.{name}": style for i in range(2)
+        for name, style in [("attn.q_proj", "colwise"), ("attn.k_proj", "colwise"),
+                            ("attn.v_proj", "colwise"), ("attn.out_proj", "rowwise"),
+                            ("mlp.fc1", "colwise"), ("mlp.fc2", "rowwise")]}
+    # Megatron pairs: layer 0 by output features, layer 1 by input features; the odd head stays.
+    assert mlp.tp_plan() == {"blocks.0.linear": "colwise", "blocks.1.linear": "rowwise"}
+    assert not hasattr(cnn, "tp_plan")
+    for spec in (TINY_GPT, TINY_MLP, TINY_CNN):
+        w = build(spec)
+        x, y = w.make_batch(2, seed=0)
+        grads = []
+        for recompute in (False, True):
+            w.model.zero_grad()
+            w.model.activation_checkpointing = recompute
+            w.loss_fn(w.model(x), y).backward()
+            grads.append([p.grad.clone() for p in w.model.parameters()])
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+    # Recompute is real: blocks whose backward needs an inner activation (the ReLU output) run
+    # their forward again; the last, a bare Linear, needs only its saved input.
+    w = build(TINY_MLP)
+    w.model.activation_checkpointing = True
+    x, y = w.make_batch(3, seed=0)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        w.loss_fn(w.model(x), y).backward()
+    recompute = 2 * 3 * (12 * 20 + 20 * 20)
+    assert counter.get_total_flops() == 3 * (4440 - 480) + recompute
+
+
 def test_convnet_param_count():
     # in 3, widths (4, 8), 3 classes, convs without bias, BatchNorm weight+bias (2·C):
     #   stem conv 3·4·9 = 108, bn 8

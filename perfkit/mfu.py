@@ -1,0 +1,106 @@
+"""Model FLOP utilisation (MFU) and its counted-FLOP companion, with the convention spelled out.
+
+MFU (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT ``estimate_mfu``; torchtitan)::
+
+    MFU = model FLOP per step / step time / (devices × dense peak FLOP/s of the dtype used)
+
+The model FLOP are analytic (:mod:`perfkit.workloads`: ``6·N + 12·L·H·Q·T`` per token for the
+transformer), so recomputation under activation checkpointing is not counted (that would be HFU).
+The counted-FLOP utilisation beside it divides the FLOP that :func:`perfkit.counting.count_ops`
+saw in one real step (recompute, optimizer and elementwise work included) by the same time and
+peak. Both are NaN, with the reason, when the peak is unknown: an unknown GPU or a dtype the CPU
+has no theoretical peak for is never given another device's or dtype's numbers.
+
+Peaks: a GPU's spec-sheet dense peak (:func:`perfkit.devices.spec_peaks`) × the ranks (one GPU
+each); a CPU's theoretical cores × clock × FLOP/cycle (:func:`perfkit.devices.cpu_theoretical_peak`)
+once, however many ranks share its cores. Nothing here touches a device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Peak", "PEAK_DTYPE", "peak_flop_per_s", "flop_convention", "mfu_convention",
+           "utilisation"]
+
+#: Which spec-sheet dtype a training precision runs its matmuls in.
+PEAK_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "bf16-pure": "bf16",
+              "fp16": "fp16", "fp8": "fp8"}
+
+_FLOP_CONVENTIONS = {
+    "transformer": "PaLM 6N+12LHQT per token (N non-embedding, attention not halved for causal)",
+    "mlp": "6·Σ in·out per sample",
+    "convnet": "3 × forward conv/linear FLOP per sample",
+}
+
+
+@dataclass(kw_only=True, frozen=True)
+class Peak:
+    """The peak a utilisation divides by, or why there is none."""
+
+    flop_per_s: float
+    """devices × per-device dense peak; NaN when unknown."""
+    description: str
+    """What the peak is, for the convention column ("2 × spec dense bf16 peak of NVIDIA ...")."""
+    source: str | None
+    """Where the per-device number comes from (spec-sheet source, or the CPU formula)."""
+    reason: str | None
+    """Why ``flop_per_s`` is NaN; None when it is known."""
+
+
+def peak_flop_per_s(*, device_kind: str, device_name: str, precision: str, devices: int,
+                    cpu_peak=None) -> Peak:
+    """The peak of ``devices`` devices of ``device_name`` in ``precision``.
+
+    ``device_kind`` is ``cuda``, ``rocm`` or ``cpu`` (:class:`perfkit.devices.DeviceInfo`);
+    ``cpu_peak`` a :class:`perfkit.devices.CpuPeak` (default: this machine's).
+    """
+    from .devices import cpu_theoretical_peak, spec_peaks
+
+    dtype = PEAK_DTYPE.get(precision)
+    if dtype is None:
+        return Peak(flop_per_s=math.nan, description="unknown", source=None,
+                    reason=f"no peak dtype for precision {precision!r}")
+    if device_kind == "cpu":
+        peak = cpu_peak if cpu_peak is not None else cpu_theoretical_peak()
+        value = peak.flop_per_s.get(dtype)
+        if value is None or not math.isfinite(value):
+            return Peak(flop_per_s=math.nan, description="unknown", source=None,
+                        reason=f"no theoretical {dtype} peak for this CPU ({device_name}); "
+                               f"cores × clock × FLOP/cycle is known for "
+                               f"{', '.join(sorted(peak.flop_per_s))} only")
+        return Peak(
+            flop_per_s=value,
+            description=f"CPU theoretical {dtype} peak of its {peak.cores} cores "
+                        f"(shared by {devices} rank{'s' if devices > 1 else ''})",
+            source=f"{peak.cores} cores × {peak.clock_hz / 1e9:.2f} GHz ({peak.clock_source}) × "
+                   f"{peak.flop_per_cycle_per_core[dtype]} FLOP/cycle; {peak.assumption}",
+            reason=None)
+    row = spec_peaks(device_name)
+    if row is None:
+        return Peak(flop_per_s=math.nan, description="unknown", source=None,
+                    reason=f"unknown device {device_name!r}: not in perfkit's spec table")
+    if dtype not in row.flop_per_s:
+        return Peak(flop_per_s=math.nan, description="unknown", source=row.source,
+                    reason=f"the spec table has no dense {dtype} peak for {row.model}")
+    return Peak(flop_per_s=devices * row.flop_per_s[dtype],
+                description=f"{devices} × spec dense {dtype} peak of {row.model}",
+                source=row.source, reason=None)
+
+
+def flop_convention(model: str) -> str:
+    """How a workload's analytic FLOP per step are counted."""
+    return _FLOP_CONVENTIONS.get(model, "unknown")
+
+
+def mfu_convention(model: str, peak: Peak) -> str:
+    """The text of the ``mfu_convention`` column: FLOP rule; peak."""
+    return f"{flop_convention(model)}; recompute not counted; peak = {peak.description}"
+
+
+def utilisation(flop_per_step: float, step_time_s: float, peak: Peak) -> float:
+    """``flop_per_step / step_time_s / peak``; NaN when any of them is unknown."""
+    if not (peak.flop_per_s > 0 and step_time_s > 0) or not math.isfinite(flop_per_step):
+        return math.nan
+    return flop_per_step / step_time_s / peak.flop_per_s
