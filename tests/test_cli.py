@@ -82,3 +82,20 @@ def test_run_gemm_end_to_end(tmp_path):
     html = (tmp_path / "report.html").read_text()
     assert "GEMM throughput" in html and "Bokeh" in html
     assert "cdn.bokeh.org" not in html  # inlined: opens offline
+
+
+@pytest.mark.slow
+def test_peaks_json_lists_measured_and_theoretical_ceilings(tmp_path):
+    out = perfkit_cli("peaks", "--json", "--device", "cpu", "--out", tmp_path)
+    assert out.returncode == 0, out.stderr
+    ceilings = json.loads(out.stdout)
+    assert all({"kind", "value", "unit", "source", "origin"} <= set(c) for c in ceilings)
+    compute = [c for c in ceilings if c["kind"] == "compute"]
+    memory = [c for c in ceilings if c["kind"] == "memory"]
+    assert {c["origin"] for c in compute} == {"measured", "theoretical"}  # side by side, never mixed
+    assert all(c["dtype"] in {"fp64", "fp32", "bf16"} and c["unit"] == "FLOP/s" and c["value"] > 0 for c in compute)
+    assert memory and all(c["level"] in {"L1", "L2", "L3", "DRAM"} and c["unit"] == "bytes/s" for c in memory)
+    assert all(c["value"] > 0 for c in memory)
+    # ...and they were recorded as rows
+    rows = perfkit.load(tmp_path)
+    assert set(rows["workload"]) == {"ceiling"} and len(rows) == len(ceilings)
