@@ -253,3 +253,23 @@ def test_status_for_error_maps_execution_failures():
     assert status_for_error("RuntimeError", "DefaultCPUAllocator: can't allocate memory: you tried") == "oom"
     assert status_for_error("OutOfMemoryError", "CUDA out of memory") == "oom"
     assert status_for_error("ValueError", "out of memory") == "failed"
+
+
+@pytest.mark.slow
+def test_a_warming_kernel_runs_at_idle_priority_until_handed_a_configuration():
+    # A slot's next kernel starts while the current configuration is measured on the same cores;
+    # it must not perturb that measurement, then must measure at normal priority itself.
+    from perfkit.execute import WarmKernel
+
+    kernel = WarmKernel(preload=("import json",), background=True)
+    try:
+        pid = kernel.km.provisioner.pid
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        if not kernel.background:
+            pytest.skip("this system does not allow SCHED_IDLE for child processes")
+        assert all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids)
+        assert kernel.foreground()
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        assert all(os.sched_getscheduler(t) == os.SCHED_OTHER for t in tids)
+    finally:
+        kernel.shutdown()

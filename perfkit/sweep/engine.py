@@ -211,12 +211,16 @@ class _Slot:
 
     def warm(self) -> None:
         if self._next is None:
-            self._next = self._pool.submit(WarmKernel, env=self.env, preload=self.preload)
+            self._next = self._pool.submit(WarmKernel, env=self.env, preload=self.preload, background=True)
 
     def take(self) -> WarmKernel:
         self.warm()
         future, self._next = self._next, None
-        return future.result()
+        kernel = future.result()
+        if not kernel.foreground():  # never measure in a kernel stuck at idle priority
+            kernel.shutdown()
+            kernel = WarmKernel(env=self.env, preload=self.preload)
+        return kernel
 
     def close(self) -> None:
         if self._next is not None:
