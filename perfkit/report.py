@@ -96,6 +96,8 @@ SECTIONS: list[Section] = [
 def _cell(value) -> str:
     if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
         return ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # an int column that met a missing value in another file's rows
     return html.escape(str(value))
 
 

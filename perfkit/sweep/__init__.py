@@ -21,7 +21,7 @@ __all__ = ["SweepPart", "SweepSpec", "Config", "SweepResult", "load_spec", "expa
 
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, workers: int = 1, retry_failed: bool = False,
-              progress: bool | None = None) -> SweepResult:
+              progress: bool | None = None, prestart: bool = True) -> SweepResult:
     """Validate ``spec`` (a SweepSpec or a YAML path), then run what is not done into ``out_dir``.
 
     ``progress``: a tqdm bar with counts by status and an ETA; by default only on a terminal.
@@ -48,7 +48,7 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, workers: int
 
     try:
         return run_configs(configs, out_dir, workers=workers, retry_failed=retry_failed,
-                           on_start=on_start, on_outcome=on_outcome)
+                           on_start=on_start, on_outcome=on_outcome, prestart=prestart)
     finally:
         if bar is not None:
             bar.close()

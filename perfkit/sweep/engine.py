@@ -214,7 +214,8 @@ class _Slot:
             self._next = self._pool.submit(WarmKernel, env=self.env, preload=self.preload, background=True)
 
     def take(self) -> WarmKernel:
-        self.warm()
+        if self._next is None:  # not warmed ahead (prestart off): start one now, in the foreground
+            return WarmKernel(env=self.env, preload=self.preload)
         future, self._next = self._next, None
         kernel = future.result()
         if not kernel.foreground():  # never measure in a kernel stuck at idle priority
@@ -240,8 +241,12 @@ def run_configs(
     on_start: Callable[[int, int], None] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
     slots_env: Sequence[dict[str, str]] | None = None,
+    prestart: bool = True,
 ) -> SweepResult:
-    """Run what the ledger says is not done, ``workers`` at a time; see the module docstring."""
+    """Run what the ledger says is not done, ``workers`` at a time; see the module docstring.
+
+    ``prestart=False`` starts each kernel only when its configuration is due: slower for small
+    configurations, but nothing else runs on the host while a CPU measurement does."""
     out_dir = Path(out_dir).resolve()
     t0 = time.monotonic()
     with SweepLock(out_dir):
@@ -264,14 +269,15 @@ def run_configs(
         lock = threading.Lock()
         stop = threading.Event()
         slots = [_Slot(env["PERFKIT_SLOT"], env, preload) for env in envs[:max(1, min(len(envs), len(todo)))]]
-        for slot in slots:
-            slot.warm()
+        if prestart:
+            for slot in slots:
+                slot.warm()
 
         def take_kernel(slot: _Slot) -> WarmKernel:
             kernel = slot.take()
             slot.current = kernel
-            if not pending.empty():
-                slot.warm()  # the next kernel starts while this configuration runs
+            if prestart and not pending.empty():
+                slot.warm()  # the next kernel starts (at idle priority) while this configuration runs
             return kernel
 
         def work(slot: _Slot) -> None:
