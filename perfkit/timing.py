@@ -146,6 +146,7 @@ def measure(
     min_run_time_s: float = 0.2,
     min_block_time_s: float = 0.01,
     warmup_calls: int | None = None,
+    min_warmup_s: float = 0.1,
     max_samples: int = 10_000,
     device=None,
     clock: Callable[[], float] = time.perf_counter,
@@ -154,8 +155,8 @@ def measure(
 ) -> Measurement:
     """Time ``fn()``: warm up, choose a block size, collect samples until ``min_run_time_s``.
 
-    - Warm-up: ``warmup_calls`` calls (default: as many as fit in ``min_block_time_s``, at least
-      one), so caches, allocators and lazy initialisation are out of the timed region.
+    - Warm-up: ``warmup_calls`` calls, or by default calls for at least ``min_warmup_s``, so
+      caches, allocators, thread pools and lazy initialisation are out of the timed region.
     - Block size: doubled until one block lasts ``min_block_time_s`` (as
       ``blocked_autorange``'s ``_estimate_block_size``), so clock resolution and per-block
       synchronization cost are small against the block.
@@ -173,14 +174,21 @@ def measure(
         events = None  # an injected clock must be the one that is read
     timer = _BlockTimer(clock, synchronize or default_sync, events)
 
-    # Warm-up; its first call is also the first estimate of the per-call time.
-    first = timer(fn, 1)
-    done_warmup = 1
+    # Warm-up. With ``warmup_calls`` given, exactly that many calls. By default it is time-based:
+    # calls until ``min_warmup_s`` has passed (and at least two). A call count alone is not enough:
+    # in a fresh process the first fp32 matmuls on two OpenMP threads took ~12 ms each for ~85 ms
+    # before settling at ~11 us (seen on this project's 2-core VMs); a one-call warm-up measured
+    # that transient as the op's time.
     if warmup_calls is None:
-        extra = 0 if first >= min_block_time_s else max(0, int(min_block_time_s / max(first, 1e-9)) - 1)
-        warmup_calls = 1 + min(extra, 1000)
-    if warmup_calls > done_warmup:
-        timer(fn, warmup_calls - done_warmup)
+        spent, warmup_calls, block = 0.0, 0, 1
+        while spent < min_warmup_s or warmup_calls < 2:
+            t = timer(fn, block)
+            spent += t
+            warmup_calls += block
+            if t < min_block_time_s / 4 and block < 1 << 20:
+                block *= 2
+    elif warmup_calls > 0:
+        timer(fn, warmup_calls)
 
     calls = 1
     while True:

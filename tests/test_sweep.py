@@ -278,6 +278,6 @@ def test_a_warming_kernel_runs_at_idle_priority_until_handed_a_configuration():
 @pytest.mark.slow
 def test_no_prestart_runs_each_kernel_on_demand(tmp_path):
     spec = write_spec(tmp_path, {"notebook": str(TRIVIAL), "grid": {"x": [1, 2, 3]}})
-    out = sweep_cli(spec, "--out", tmp_path / "out", "--no-prestart", "--quiet")
+    out = sweep_cli(spec, "--out", tmp_path / "out", "--prestart", "off", "--quiet")
     assert out.returncode == 0, out.stderr
     assert sorted(perfkit.load(tmp_path / "out")["x_seen"]) == [1, 2, 3]

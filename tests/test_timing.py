@@ -107,3 +107,14 @@ def test_as_row_keeps_raw_samples_in_seconds():
 def test_invalid_samples_rejected(bad):
     with pytest.raises(ValueError):
         Measurement(samples_s=bad)
+
+
+def test_default_warmup_outlasts_a_start_up_transient():
+    # Seven slow first calls (12 ms: thread-pool start-up, as seen on this machine class), then
+    # 11 us. The default warm-up is time-based, so none of the slow calls reaches the samples.
+    clock = FakeClock()
+    durations = iter([12e-3] * 7 + [11e-6] * 10_000_000)
+    m = measure(clock.op(lambda: next(durations)), clock=clock, synchronize=lambda: None,
+                min_run_time_s=0.05, min_warmup_s=0.1)
+    assert m.warmup_calls >= 7
+    assert max(m.samples_s) == pytest.approx(11e-6)

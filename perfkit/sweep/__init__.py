@@ -21,7 +21,7 @@ __all__ = ["SweepPart", "SweepSpec", "Config", "SweepResult", "load_spec", "expa
 
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, workers: int = 1, retry_failed: bool = False,
-              progress: bool | None = None, prestart: bool = True) -> SweepResult:
+              progress: bool | None = None, prestart: bool | None = None) -> SweepResult:
     """Validate ``spec`` (a SweepSpec or a YAML path), then run what is not done into ``out_dir``.
 
     ``progress``: a tqdm bar with counts by status and an ETA; by default only on a terminal.

@@ -72,7 +72,8 @@ def _cmd_sweep(args) -> int:
         if given:
             raise BadInputError(f"{', '.join(given)} only apply with --executor slurm")
         result = run_sweep(spec, out, workers=args.workers, retry_failed=args.retry_failed,
-                           progress=False if args.quiet else None, prestart=not args.no_prestart)
+                           progress=False if args.quiet else None,
+                           prestart={"auto": None, "on": True, "off": False}[args.prestart])
     _summary(result)
     return result.exit_code
 
@@ -127,10 +128,10 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm])")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--no-prestart", action="store_true",
-                   help="start each kernel only when its configuration is due (by default the next one "
-                        "warms up at idle priority while the current one runs; use this for CPU "
-                        "measurements that must share the host with nothing)")
+    p.add_argument("--prestart", choices=("auto", "on", "off"), default="auto",
+                   help="start each slot's next kernel (at idle priority) while the current configuration "
+                        "runs: hides kernel start-up. auto (default): on GPU slots only, since a starting "
+                        "kernel perturbs CPU measurements on the same cores")
     g = p.add_argument_group("--executor slurm (override the spec's slurm: settings)")
     g.add_argument("--partition", help="Slurm partition of the job array")
     g.add_argument("--time-limit-min", type=int,

@@ -241,12 +241,14 @@ def run_configs(
     on_start: Callable[[int, int], None] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
     slots_env: Sequence[dict[str, str]] | None = None,
-    prestart: bool = True,
+    prestart: bool | None = None,
 ) -> SweepResult:
     """Run what the ledger says is not done, ``workers`` at a time; see the module docstring.
 
-    ``prestart=False`` starts each kernel only when its configuration is due: slower for small
-    configurations, but nothing else runs on the host while a CPU measurement does."""
+    ``prestart``: start each slot's next kernel while its current configuration runs. None (the
+    default) does so on GPU slots only: there the measurement runs on the device, while on a CPU
+    slot a kernel starting up beside a measurement perturbs it even at idle priority (seen here:
+    2-thread OpenMP matmuls 2-100x slower). False starts each kernel when its configuration is due."""
     out_dir = Path(out_dir).resolve()
     t0 = time.monotonic()
     with SweepLock(out_dir):
@@ -261,6 +263,8 @@ def run_configs(
             return result
         devices = max(c.devices for c in todo)
         envs = list(slots_env) if slots_env is not None else device_slots(workers, devices)
+        if prestart is None:
+            prestart = all(env.get("PERFKIT_SLOT", "").startswith("gpu:") for env in envs)
         preload = tuple(dict.fromkeys(s for nb in {c.notebook for c in todo} for s in read_notebook(nb).imports))
         pending: queue.Queue[Config] = queue.Queue()
         for c in todo:
