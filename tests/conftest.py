@@ -31,3 +31,10 @@ def run_context(tmp_path, monkeypatch):
                      params={"batch_size": 8, "precision": "bf16", "sizes": [1, 2]}, notebook="t.ipynb")
     monkeypatch.setenv(CONTEXT_ENV, ctx.to_env())
     return ctx
+
+
+def ceiling_row(kind, dtype, level, value, origin="measured"):
+    """One row of the ceilings table (perfkit.peaks.CEILING_COLUMNS) for hand-made ceiling sets."""
+    return {"kind": kind, "dtype": dtype, "level": level, "value": value,
+            "unit": "FLOP/s" if kind == "compute" else "bytes/s", "origin": origin,
+            "source": "test"}

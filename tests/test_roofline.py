@@ -22,26 +22,21 @@ from perfkit.roofline import (
     ridge_point,
     roofline_points,
 )
+from conftest import ceiling_row
 
 G = 1e9
-
-
-def _ceiling(kind, dtype, level, value, origin="measured"):
-    return {"kind": kind, "dtype": dtype, "level": level, "value": value,
-            "unit": "FLOP/s" if kind == "compute" else "bytes/s", "origin": origin,
-            "source": "test"}
 
 
 @pytest.fixture
 def ceilings() -> pd.DataFrame:
     return pd.DataFrame([
-        _ceiling("compute", "fp32", None, 100 * G),
-        _ceiling("compute", "fp32", None, 90 * G),   # a slower repeat: the roof is the max
-        _ceiling("compute", "bf16", None, 400 * G),
-        _ceiling("memory", None, "DRAM", 10 * G),
-        _ceiling("memory", None, "L2", 50 * G),
-        _ceiling("compute", "fp32", None, 1000 * G, origin="spec"),
-        _ceiling("memory", None, "DRAM", 20 * G, origin="spec"),
+        ceiling_row("compute", "fp32", None, 100 * G),
+        ceiling_row("compute", "fp32", None, 90 * G),   # a slower repeat: the roof is the max
+        ceiling_row("compute", "bf16", None, 400 * G),
+        ceiling_row("memory", None, "DRAM", 10 * G),
+        ceiling_row("memory", None, "L2", 50 * G),
+        ceiling_row("compute", "fp32", None, 1000 * G, origin="spec"),
+        ceiling_row("memory", None, "DRAM", 20 * G, origin="spec"),
     ])
 
 

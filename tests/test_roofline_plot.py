@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import NOTEBOOKS
+from conftest import NOTEBOOKS, ceiling_row
 from perfkit.plots._common import hv_bokeh
 from perfkit.plots.roofline import roofline, roofline_static
 from perfkit.roofline import STEP_OP, roofline_points
@@ -23,21 +23,15 @@ G = 1e9
 hv = hv_bokeh()
 
 
-def _ceiling(kind, dtype, level, value, origin="measured"):
-    return {"kind": kind, "dtype": dtype, "level": level, "value": value,
-            "unit": "FLOP/s" if kind == "compute" else "bytes/s", "origin": origin,
-            "source": "test"}
-
-
 @pytest.fixture
 def ceilings() -> pd.DataFrame:
     return pd.DataFrame([
-        _ceiling("compute", "fp32", None, 100 * G),
-        _ceiling("compute", "fp32", None, 90 * G),  # a slower repeat: one roof, the highest
-        _ceiling("compute", "bf16", None, 400 * G),
-        _ceiling("memory", None, "DRAM", 10 * G),
-        _ceiling("memory", None, "L2", 50 * G),
-        _ceiling("compute", "fp32", None, 1000 * G, origin="theoretical"),
+        ceiling_row("compute", "fp32", None, 100 * G),
+        ceiling_row("compute", "fp32", None, 90 * G),  # a slower repeat: one roof, the highest
+        ceiling_row("compute", "bf16", None, 400 * G),
+        ceiling_row("memory", None, "DRAM", 10 * G),
+        ceiling_row("memory", None, "L2", 50 * G),
+        ceiling_row("compute", "fp32", None, 1000 * G, origin="theoretical"),
     ])
 
 
