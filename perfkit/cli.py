@@ -45,7 +45,7 @@ def _parse_params(spec, pairs) -> dict:
 def _cmd_run(args) -> int:
     from .execute import execute_config
     from .notebooks import config_id, read_notebook
-    from .status import FINISHED
+    from .status import OK, SKIPPED
 
     spec = read_notebook(args.notebook)
     params = _parse_params(spec, args.param)
@@ -62,7 +62,7 @@ def _cmd_run(args) -> int:
     print(f"{outcome.status}: {cid} in {outcome.duration_s:.1f} s"
           + (f" — {outcome.error_name}: {outcome.message}" if outcome.error_name else ""))
     print(f"  notebook: {outcome.output_notebook}\n  results:  {outcome.results_path}")
-    return EXIT_OK if outcome.status in FINISHED - {"oom"} else EXIT_FAILED
+    return EXIT_OK if outcome.status in (OK, SKIPPED) else EXIT_FAILED
 
 
 def _cmd_report(args) -> int:

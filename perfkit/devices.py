@@ -28,6 +28,7 @@ __all__ = [
     "spec_ceilings",
     "cpu_theoretical_peak",
     "cpu_model_name",
+    "cpu_clock_hz",
 ]
 
 _T = 1e12  # spec sheets quote TFLOP/s and TB/s (10^12)
@@ -292,7 +293,7 @@ class CpuPeak:
     """What could not be read from the hardware (the FMA unit count)."""
 
 
-def _clock_hz() -> tuple[float, str]:
+def cpu_clock_hz() -> tuple[float, str]:
     max_freq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     try:
         return float(max_freq.read_text()) * 1e3, "cpufreq cpuinfo_max_freq (max boost clock)"
@@ -317,7 +318,7 @@ def cpu_theoretical_peak(flags: set[str] | None = None, cores: int | None = None
         flags = set(_cpuinfo().get("flags", "").split())
     cores = cores if cores is not None else _usable_cores()
     if clock_hz is None:
-        clock_hz, clock_source = _clock_hz()
+        clock_hz, clock_source = cpu_clock_hz()
     else:
         clock_source = "given"
     if "avx512f" in flags:

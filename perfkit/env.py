@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import __version__
-from .devices import cpu_model_name, detect
+from .devices import cpu_clock_hz, cpu_model_name, detect
 
 __all__ = ["fingerprint", "fingerprint_id", "PERF_ENV_PREFIXES", "PERF_ENV_NAMES", "flat_columns"]
 
@@ -111,9 +111,7 @@ def _static(device: str) -> dict:
         "cpu_model": cpu_model_name(),
         "cpu_cores": os.cpu_count(),
     }
-    from .devices import _clock_hz
-
-    facts["cpu_clock_hz"], _ = _clock_hz()
+    facts["cpu_clock_hz"], _ = cpu_clock_hz()
     return facts
 
 

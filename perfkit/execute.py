@@ -17,7 +17,6 @@ row carrying its status.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -207,7 +206,6 @@ def execute_config(
     started = time.time()
     t0 = time.monotonic()
     fired = threading.Event()
-    kernel_ok = kernel is not None
     status, error_name, message, cell = st.OK, None, None, None
     watchdog = None
     try:
@@ -237,7 +235,7 @@ def execute_config(
         if fired.is_set():
             status, error_name = st.TIMEOUT, "Timeout"
             message = f"wall time exceeded timeout_s={timeout_s}; kernel killed"
-        elif name == "DeadKernelError" or (kernel_ok and name == "RuntimeError" and "died" in str(exc)):
+        elif name == "DeadKernelError" or (name == "RuntimeError" and "died" in str(exc)):  # nbclient: "Kernel died before replying"
             status, error_name, message = st.KILLED, name, str(exc).strip() or "the kernel died"
         else:
             status, error_name, message = st.FAILED, name, str(exc).strip()
@@ -258,8 +256,3 @@ def execute_config(
     return Outcome(config_id=config_id, status=status, error_name=error_name, message=message,
                    cell=cell, output_notebook=output_notebook, results_path=results_path,
                    started_at=started, duration_s=duration)
-
-
-def outcome_json(outcome: Outcome) -> str:
-    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in outcome.__dict__.items()}
-    return json.dumps(data)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -283,8 +282,3 @@ def load(directory: str | Path, *, statuses: Iterable[str] | None = None) -> pd.
         frame = frame[frame["status"].isin(wanted)].reset_index(drop=True)
     frame.attrs["units"] = units
     return frame
-
-
-def safe_name(text: str) -> str:
-    """A filename-safe rendering of ``text``."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"

@@ -1,7 +1,6 @@
 """The standalone report: sections from recorded rows, failures, fingerprints, escaping, and a
 real headless Chromium that must render every bokeh plot without a JavaScript error."""
 
-import json
 import os
 import shutil
 from pathlib import Path

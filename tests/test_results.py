@@ -1,7 +1,6 @@
 """The results store: real Parquet files, atomic writes, load() over a directory."""
 
 import json
-import os
 
 import pandas as pd
 import pytest

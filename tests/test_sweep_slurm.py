@@ -10,7 +10,6 @@ limits are whole minutes, checked about every 30 s.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

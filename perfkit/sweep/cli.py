@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from ..errors import BadInputError
@@ -149,6 +148,3 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=_cmd_new)
 
-
-if __name__ == "__main__":
-    sys.exit("use: perfkit sweep|new")
