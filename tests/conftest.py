@@ -15,6 +15,29 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 sys.path.insert(0, str(REPO / "tests"))
 
 
+def _is_controller(config) -> bool:
+    """True in the process that runs the whole session (not in a pytest-xdist worker)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    # A fresh id per session, inherited by its xdist workers: services a worker starts for the
+    # suite (the one-node Slurm) are tagged with it, and the controller stops them at the end.
+    if _is_controller(config):
+        import uuid
+
+        from slurm_cluster import SESSION_ENV
+        os.environ[SESSION_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_unconfigure(config):
+    if _is_controller(config):
+        from slurm_cluster import SESSION_ENV, stop_if_started_by
+        out = stop_if_started_by(os.environ.get(SESSION_ENV, ""))
+        if out is not None:
+            print(f"\nstopped the one-node Slurm this test session started:\n{out.strip()}")
+
+
 @pytest.fixture
 def reference_dir():
     if not REFERENCE.is_dir():

@@ -35,9 +35,14 @@ from typing import Iterable, Mapping
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-UP_SH = REPO / ".ci" / "slurm" / "up.sh"
-DOWN_SH = REPO / ".ci" / "slurm" / "down.sh"
+# PERFKIT_SLURM_UP_SH / PERFKIT_SLURM_DOWN_SH name other bring-up/teardown scripts with the same
+# interface (STATE_DIR argument, env.sh written by up) -- e.g. for a site's own test cluster.
+UP_SH = Path(os.environ.get("PERFKIT_SLURM_UP_SH") or REPO / ".ci" / "slurm" / "up.sh")
+DOWN_SH = Path(os.environ.get("PERFKIT_SLURM_DOWN_SH") or REPO / ".ci" / "slurm" / "down.sh")
 DEFAULT_STATE = "/tmp/perfkit-slurm"
+# The pytest session (controller, shared by its xdist workers) that owns what up.sh starts here.
+SESSION_ENV = "PERFKIT_TEST_SESSION"
+OWNER_FILE = "started-by-test-session"
 
 # Final job states as sacct prints them (sacct appends " by <uid>" to CANCELLED).
 TERMINAL_STATES = frozenset({
@@ -234,8 +239,43 @@ def _find_or_start(state: Path) -> SlurmCluster:
         raise _Unavailable(f"{UP_SH.name} failed (rc={cp.returncode}): {' | '.join(fail)}")
     if not env_file.exists():
         raise _Unavailable(f"{UP_SH.name} succeeded but wrote no {env_file}")
+    _claim(state)
     env = read_env_file(env_file)
     if not _works(env):
         raise _Unavailable(f"{UP_SH.name} succeeded but sinfo/sacct do not work with {env_file}")
     return SlurmCluster(env=env, partition=env.get("PERFKIT_SLURM_PARTITION", "debug"),
                         state_dir=state, source="up.sh", up_seconds=took, up_log=log)
+
+
+def _claim(state: Path) -> None:
+    """Record that this test session started the daemons under `state`, so that it stops them.
+
+    A cluster that was already running (CI's `.ci/run` starts one before the suite, a developer
+    may keep one up) is never claimed, so the suite stops only what it started itself.
+    """
+    session = os.environ.get(SESSION_ENV)
+    if session:
+        (state / OWNER_FILE).write_text(session + "\n")
+
+
+def stop_if_started_by(session: str, state_dir: str | os.PathLike | None = None) -> str | None:
+    """Stop the cluster under `state_dir` if the test session `session` started it.
+
+    Called once by the pytest controller when the whole session ends (after every xdist worker).
+    Returns what down.sh printed, or None when this session started nothing there.
+    """
+    state = Path(state_dir or os.environ.get("PERFKIT_SLURM_STATE") or DEFAULT_STATE)
+    owner = state / OWNER_FILE
+    try:
+        if owner.read_text().strip() != session:
+            return None
+    except OSError:
+        return None
+    try:
+        cp = subprocess.run(["bash", str(DOWN_SH), str(state)], capture_output=True, text=True,
+                            timeout=180, stdin=subprocess.DEVNULL)
+        out = cp.stdout + cp.stderr
+    except subprocess.TimeoutExpired:
+        out = f"{DOWN_SH.name} timed out after 180 s"
+    owner.unlink(missing_ok=True)
+    return out
