@@ -5,6 +5,11 @@ file descriptors, so C++ logging such as ``NCCL_DEBUG=INFO`` is captured too) in
 the launch's private directory, joins the process group, runs the target and writes either the
 target's result or its exception to ``local<LOCAL_RANK>.json`` there. The launcher reads those
 files; a rank that dies without writing one was killed or exited on its own.
+
+A rank never outlives its launcher: when the process that called ``launch`` dies (a kernel killed
+at a sweep's timeout or restarted in JupyterLab), nobody would read its result or stop it, and on
+a GPU it would hold device memory under the next configuration. It then kills every process of
+its launch (the launch's teardown token: torchrun, its peers, their children) and itself.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import os
 import sys
 import time
 import traceback
+
+from perfkit import _teardown
 
 __all__: list[str] = []
 
@@ -56,6 +63,13 @@ def _init_process_group(backend: str, device: str, timeout_s: float) -> None:
     dist.init_process_group(**kwargs)
 
 
+def _end_launch(token: str | None) -> None:
+    print("perfkit: the launching process is gone; ending this launch", flush=True)
+    if token:
+        _teardown.reap(token)
+    os._exit(1)
+
+
 def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
@@ -63,9 +77,8 @@ def main(job_path: str) -> int:
     local_rank = int(os.environ["LOCAL_RANK"])
     rank = int(os.environ["RANK"])
     _redirect_output(os.path.join(work_dir, f"local{local_rank}.log"))
-    # So the launcher can kill this rank even after torchrun is gone.
-    with open(os.path.join(work_dir, f"local{local_rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    if job.get("launcher_pid"):
+        _teardown.watch(job["launcher_pid"], job.get("launcher_start"), lambda: _end_launch(job.get("token")))
     result_path = os.path.join(work_dir, f"local{local_rank}.json")
     # The caller's import path, so a target importable in the caller (a notebook's folder, a
     # tests/ directory) is importable here without the caller exporting PYTHONPATH.

@@ -1,6 +1,7 @@
 """Measured ceilings: the best matmul throughput per dtype, and bandwidth per memory level.
 
-- Compute: the best ``torch.matmul`` FLOP/s over a few shapes per dtype, FLOP = 2·M·N·K.
+- Compute: the best ``torch.matmul`` FLOP/s per dtype over shapes searched until the best stops
+  improving (``perfkit.shape_search``); FLOP = 2·M·N·K, and the winning (M, N, K) is in the row.
 - Memory: STREAM kernels (McCalpin, https://www.cs.virginia.edu/stream/) over working sets from
   KiB to past the last-level cache; the curve's plateaus are found and named (L1, L2, L3, DRAM or
   HBM) as the Empirical Roofline Toolkit does (Lo et al., PMBS 2014). On CPU the kernels are C++
@@ -15,7 +16,6 @@ analysis (``origin="measured"``); spec ceilings are appended elsewhere (``perfki
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import math
@@ -30,10 +30,12 @@ from .devices import resolve_device
 from .errors import BadInputError, PerfkitError
 from .gemm import gemm_flop
 from .levels import cpu_cache_sizes, detect_levels  # noqa: F401 - re-exported
+from .shape_search import SearchResult, search_best_shape
 from .timing import measure
 
 __all__ = [
     "CEILING_COLUMNS",
+    "MATMUL_SHAPE_COLUMNS",
     "STREAM_KERNELS",
     "ExtensionBuildError",
     "compute_dtypes",
@@ -48,17 +50,23 @@ __all__ = [
 #: Columns of the ceilings table, shared with the roofline analysis and the spec rows.
 CEILING_COLUMNS = ("kind", "dtype", "level", "value", "unit", "origin", "source", "method", "iqr",
                    "noisy", "working_set_bytes")
+#: Extra columns of compute ceilings: the (M, N, K) of the matmul that reached the ceiling.
+MATMUL_SHAPE_COLUMNS = ("m", "n", "k")
 
 #: Words moved per element (stream.c's ``bytes[]``: 2, 2, 3, 3 × sizeof(STREAM_TYPE)); also the
 #: number of arrays each kernel touches.
 STREAM_KERNELS = {"copy": 2, "scale": 2, "add": 3, "triad": 3}
 _SCALAR = 3.0  # stream.c's scalar
 
-_GPU_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 2048))
-# CPU sizes stay small: half precision without matrix units runs at a few GFLOP/s.
-_SHAPES = {
-    ("cpu", True): {"fp64": (512, 1024), "fp32": (512, 1024, 2048), "bf16": (256, 512)},
-    ("cpu", False): {"fp64": (512, 1024, 2048), "fp32": (512, 1024, 2048, 4096), "bf16": (256, 512, 1024)},
+# Where the shape search (perfkit.shape_search) starts and how far it may go. The best size
+# differs between machines (cores, vector width, matrix units, cache sizes), hence a search.
+# CPU starts stay small: half precision without matrix units runs at a few GFLOP/s. A candidate
+# whose one call would outlast the max seconds per call (estimated from the best rate so far)
+# is not tried: it keeps `perfkit peaks` quick on a 2-core machine.
+_CPU_START_N = {"fp64": 512, "fp32": 1024, "bf16": 512}
+_SEARCH = {  # (device kind, quick) → (min_n, max_n, max seconds per call)
+    ("cpu", True): (128, 4096, 0.5), ("cpu", False): (128, 8192, 4.0),
+    ("gpu", True): (1024, 16384, 0.5), ("gpu", False): (1024, 32768, 4.0),
 }
 
 
@@ -90,9 +98,9 @@ def compute_dtypes(device: str = "cpu") -> dict[str, str | None]:
     props = torch.cuda.get_device_properties(torch.device(device))
     arch = getattr(props, "gcnArchName", "") or ""
     if getattr(torch.version, "hip", None):
-        if not any(g in arch for g in ("gfx94", "gfx95")):
-            out["tf32"] = f"tf32 needs MI300-class hardware; this is {arch}"
-            out["fp8"] = f"fp8 needs MI300-class hardware; this is {arch}"
+        from .precision import fp8_reason, rocm_tf32_reason
+
+        out["tf32"], out["fp8"] = rocm_tf32_reason(arch), fp8_reason(arch)
         return out
     cap = (props.major, props.minor)
     if cap < (8, 0):
@@ -102,34 +110,28 @@ def compute_dtypes(device: str = "cpu") -> dict[str, str | None]:
     return out
 
 
-def _shapes(device: str, dtype: str, quick: bool) -> tuple[tuple[int, int, int], ...]:
-    if _kind(device) != "cpu":
-        return _GPU_SHAPES[:2] if quick else _GPU_SHAPES + ((16384, 16384, 16384),)
-    return tuple((n, n, n) for n in _SHAPES[("cpu", quick)][dtype])
-
-
-@contextlib.contextmanager
-def _fp32_precision(mode: str):
-    """Matmul fp32 math set to ``ieee`` or ``tf32`` for the block, then restored.
-
-    fp32 must mean IEEE fp32 (a user's ``allow_tf32``, or oneDNN's bf16 mode on CPU, would
-    inflate it), and tf32 must be asked for explicitly: DESIGN.md, never silently replaced.
-    """
+def _free_memory_bytes(device: str) -> int:
     import torch
 
-    knobs = [(torch.backends.cuda.matmul, "fp32_precision", mode)]
-    if mode == "ieee" and hasattr(torch.backends.mkldnn, "matmul"):
-        knobs.append((torch.backends.mkldnn.matmul, "fp32_precision", mode))
-    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch < 2.9
-        knobs = [(torch.backends.cuda.matmul, "allow_tf32", mode == "tf32")]
-    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in knobs]
-    try:
-        for obj, attr, value in knobs:
-            setattr(obj, attr, value)
-        yield
-    finally:
-        for obj, attr, value in saved:
-            setattr(obj, attr, value)
+    if _kind(device) == "cpu":
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return torch.cuda.mem_get_info(torch.device(device))[0]
+
+
+def _search(device: str, dtype: str, quick: bool, rate) -> SearchResult:
+    """Search the shape of ``dtype``'s best matmul throughput on ``device`` (rate measures one)."""
+    on_cpu = _kind(device) == "cpu"
+    min_n, max_n, max_call_s = _SEARCH[("cpu" if on_cpu else "gpu", quick)]
+    free = _free_memory_bytes(device)
+
+    def fits(shape, best_flop_per_s: float) -> bool:
+        m, n, k = shape
+        # fp32 sources + converted operands + output: at most 12 bytes per element of A, B, C.
+        return (gemm_flop(m, n, k) / best_flop_per_s <= max_call_s
+                and 12 * (m * k + k * n + m * n) <= free // 2)
+
+    start = _CPU_START_N.get(dtype, 512) if on_cpu else 4096
+    return search_best_shape(rate, start, min_n=min_n, max_n=max_n, fits=fits)
 
 
 def _matmul_fn(device: str, dtype: str, m: int, n: int, k: int):
@@ -139,9 +141,13 @@ def _matmul_fn(device: str, dtype: str, m: int, n: int, k: int):
     a = torch.randn(m, k, generator=gen, device=device)
     b = torch.randn(k, n, generator=gen, device=device)
     if dtype == "fp8":
-        # torch._scaled_mm wants e4m3 operands, B column-major, and float32 scales;
-        # MI300 uses the "fnuz" variant of e4m3.
-        f8 = torch.float8_e4m3fnuz if getattr(torch.version, "hip", None) else torch.float8_e4m3fn
+        # torch._scaled_mm wants e4m3 operands, B column-major, and float32 scales; the e4m3
+        # variant is the device's (MI300: fnuz, MI350 and NVIDIA: OCP).
+        from .precision import fp8_e4m3_dtype
+
+        hip = getattr(torch.version, "hip", None)
+        f8 = fp8_e4m3_dtype(torch.cuda.get_device_properties(torch.device(device)).gcnArchName
+                            if hip else None)
         a8, b8 = a.to(f8), b.t().contiguous().to(f8).t()
         one = torch.ones((), device=device, dtype=torch.float32)
         return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
@@ -159,8 +165,12 @@ def measure_matmul_throughput(device: str = "cpu", *, quick: bool = True,
     """One row per (dtype, shape): ``torch.matmul`` timed with :func:`perfkit.timing.measure`.
 
     ``dtypes`` defaults to every precision the device supports; asking for one it cannot honour
-    raises :class:`BadInputError` with the reason. ``shapes`` (M, N, K) override the defaults.
+    raises :class:`BadInputError` with the reason. ``shapes`` (M, N, K) are measured as given;
+    without them each dtype's shapes are searched (:mod:`perfkit.shape_search`) until the best
+    stops improving, and the rows are the shapes the search measured (``searched`` True).
     """
+    from .precision import math_mode
+
     device = resolve_device(device)
     support = compute_dtypes(device)
     if dtypes is None:
@@ -170,18 +180,35 @@ def measure_matmul_throughput(device: str = "cpu", *, quick: bool = True,
             raise BadInputError(f"unknown dtype {d!r}; choose from {', '.join(support)}")
         if support[d] is not None:
             raise BadInputError(f"{d} on {device}: {support[d]}")
-    run_s = min_run_time_s if min_run_time_s is not None else (0.2 if quick else 1.0)
+    # Quick: 0.1 s per shape, since the search measures ~8 shapes per dtype (the 3-sample
+    # minimum and the IQR flag still hold).
+    run_s = min_run_time_s if min_run_time_s is not None else (0.1 if quick else 1.0)
     rows = []
     for dtype in dtypes:
-        for m, n, k in shapes or _shapes(device, dtype, quick):
+        def rate(shape, dtype=dtype) -> float:
+            m, n, k = shape
             fn = _matmul_fn(device, dtype, m, n, k)
-            with _fp32_precision("tf32" if dtype == "tf32" else "ieee"):
-                meas = measure(fn, min_run_time_s=run_s, device=device, label=f"matmul {m}x{n}x{k} {dtype}")
             flop = gemm_flop(m, n, k)
+            # A call estimated (from this dtype's best rate so far) to last >= 0.1 s is its own
+            # warm-up: one call outlasts the start-up transient that measure()'s time-based
+            # warm-up exists for, and a second would only make the search slower.
+            prior = max((r["flop_per_s"] for r in rows if r["dtype"] == dtype), default=None)
+            warmup = 1 if prior and flop / prior >= 0.1 else None
+            with math_mode(dtype):  # fp32 is IEEE fp32, tf32 only when asked (perfkit.precision)
+                meas = measure(fn, min_run_time_s=run_s, warmup_calls=warmup, device=device,
+                               label=f"matmul {m}x{n}x{k} {dtype}")
             rows.append({"device": device, "dtype": dtype, "m": m, "n": n, "k": k, "flop": flop, **meas.as_row("time"),
                          "flop_per_s": flop / meas.median_s,
                          # FLOP/s quantiles are FLOP / time quantiles, in reverse order
-                         "flop_per_s_iqr": flop / meas.percentile(25) - flop / meas.percentile(75)})
+                         "flop_per_s_iqr": flop / meas.percentile(25) - flop / meas.percentile(75),
+                         "searched": shapes is None})
+            return rows[-1]["flop_per_s"]
+
+        if shapes is None:
+            _search(device, dtype, quick, rate)
+        else:
+            for shape in shapes:
+                rate(tuple(shape))
     return pd.DataFrame(rows)
 
 
@@ -359,8 +386,9 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
                      curve: pd.DataFrame | None = None) -> pd.DataFrame:
     """The measured ceilings of ``device``: one row per compute dtype and per memory level.
 
-    Columns :data:`CEILING_COLUMNS` (+ the plateau span for memory rows); ``value``/``iqr`` in
-    FLOP/s or bytes/s. Memory ceilings come from the triad (stream.c's headline kernel) of
+    Columns :data:`CEILING_COLUMNS` (+ the plateau span for memory rows, + the winning matmul's
+    :data:`MATMUL_SHAPE_COLUMNS` for compute rows); ``value``/``iqr`` in FLOP/s or bytes/s.
+    Compute ceilings are searched over shapes unless ``shapes`` are given. Memory ceilings come from the triad (stream.c's headline kernel) of
     ``curve`` when given (a :func:`measure_bandwidth_curve` result), else of a fresh sweep.
     """
     device = resolve_device(device)
@@ -370,10 +398,11 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
         best = group.loc[group["flop_per_s"].idxmax()]
         rows.append({"kind": "compute", "dtype": dtype, "level": None, "value": float(best["flop_per_s"]),
                      "unit": "FLOP/s", "origin": "measured",
-                     "source": f"best torch.matmul over {len(group)} shapes "
+                     "source": f"best torch.matmul over {len(group)} "
+                               f"{'searched' if group['searched'].all() else 'given'} shapes "
                                f"(best {best['m']}x{best['n']}x{best['k']})",
                      "method": "matmul", "iqr": float(best["flop_per_s_iqr"]), "noisy": bool(best["noisy"]),
-                     "working_set_bytes": None})
+                     "working_set_bytes": None, "m": int(best["m"]), "n": int(best["n"]), "k": int(best["k"])})
     if curve is None:
         curve = measure_bandwidth_curve(device, quick=quick, kernels=["triad"], threads=threads,
                                         max_working_set_bytes=max_working_set_bytes)
@@ -392,4 +421,5 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
                      "working_set_bytes": lvl.working_set_bytes,
                      "working_set_min_bytes": lvl.working_set_min_bytes,
                      "working_set_max_bytes": lvl.working_set_max_bytes})
-    return pd.DataFrame(rows, columns=[*CEILING_COLUMNS, "working_set_min_bytes", "working_set_max_bytes"])
+    return pd.DataFrame(rows, columns=[*CEILING_COLUMNS, "working_set_min_bytes", "working_set_max_bytes",
+                                       *MATMUL_SHAPE_COLUMNS])

@@ -134,12 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default=None)
     p.set_defaults(func=_cmd_report)
 
-    try:
-        from .sweep.cli import add_sweep_commands
-    except ImportError:  # the sweep engine is optional while it is being built
-        add_sweep_commands = None
-    if add_sweep_commands:
-        add_sweep_commands(sub)
+    # Imported unguarded: `sweep` and `new` are part of perfkit, and a broken install (a missing
+    # dependency, a syntax error) must show its traceback, not a CLI without those commands.
+    from .sweep.cli import add_sweep_commands
+
+    add_sweep_commands(sub)
     return parser
 
 

@@ -14,19 +14,24 @@ Conventions (nccl-tests, ``doc/PERFORMANCE.md`` and the ``*GetBw`` functions of 
   down to a whole count, as nccl-tests does.
 - algbw = S / t, busbw = algbw × factor, factor 2(n−1)/n for all_reduce, (n−1)/n for all_gather,
   reduce_scatter and all_to_all, 1 for broadcast and send_recv.
-- t is the max over ranks of each rank's median per-iteration time (nccl-tests ``-a 3`` reduces
-  with the max; the slowest rank bounds the collective), every rank's samples kept.
+- t is nccl-tests' default time (its ``-a 1``): each rank's wall time of the timed loop divided
+  by the iterations, averaged over ranks; per-iteration samples, medians and the max over ranks
+  are kept beside it (:mod:`perfkit.collective_timing` defines every time column).
 - The check (nccl-tests ``-c``) fills inputs with rank-dependent small integers (exact in every
   dtype, bf16 included), runs the collective once more and counts elements that differ from the
   expected result, summed over ranks (nccl-tests' ``#wrong``).
+- The knob check (nccl only) reads ``NCCL_DEBUG=INFO`` logs of a separate short pass that runs
+  every point once with the same knobs; the timed launch runs without NCCL's debug variables,
+  since rank 0's TUNING line per call costs host time inside the timed loop.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
+import os
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -35,8 +40,9 @@ import torch
 import torch.distributed as dist
 
 from perfkit import nccl_log
+from perfkit.collective_buffers import check as _check, point_buffers
+from perfkit.collective_timing import reduce_times, time_loop
 from perfkit.errors import BadInputError, ExecutionFailed
-from perfkit.timing import Measurement
 
 __all__ = [
     "COLLECTIVES",
@@ -44,6 +50,7 @@ __all__ = [
     "busbw_factor",
     "message_bytes",
     "collectives_rank",
+    "knob_pass_rank",
     "reduce_rank_results",
     "run_collectives",
 ]
@@ -61,8 +68,7 @@ _FORMS = {
 # The NCCL function name a TUNING line gives each collective; the p2p ones print none.
 _NCCL_FUNC = {"all_reduce": "AllReduce", "all_gather": "AllGather",
               "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast"}
-_ROOT = 0
-_PATTERN_MOD = 17  # pattern values 1..17: sums over ranks stay exact integers in bf16 up to n=15
+KNOB_CHECK_PASSES = ("separate", "off")
 
 
 def busbw_factor(op: str, world_size: int) -> float:
@@ -125,11 +131,15 @@ class CollectivesConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     """Knobs (NCCL_ALGO, NCCL_PROTO, NCCL_MIN_NCHANNELS, NCCL_BUFFSIZE, GLOO_SOCKET_IFNAME...)
     set in the launched processes only, and recorded on every row."""
-    knob_check: bool = True
-    """On nccl, add ``NCCL_DEBUG=INFO`` (INIT,ENV,TUNING) and check the logs for what ran. The
-    rank-0 TUNING line per call costs host time; set False for the cleanest timings."""
+    knob_check_pass: str = "separate"
+    """nccl only. ``separate``: before the timed launch, a short launch runs every point once
+    with the knobs and ``NCCL_DEBUG=INFO`` (INIT,ENV,TUNING), and its logs say whether the knobs
+    were honoured; the timed launch gets the knobs without any ``NCCL_DEBUG*`` variable (rank 0's
+    TUNING line per call would cost host time inside the timed loop). ``off``: no check pass;
+    the knobs reach the timed launch as given. gloo prints nothing to check either way."""
     timeout_s: float = 300.0
-    """Deadline for the whole launch; a hung or dead rank ends it as timeout/killed."""
+    """Deadline for the launches together (knob check pass and timed launch); a hung or dead
+    rank ends the run as timeout/killed."""
 
     def __post_init__(self):
         ops = tuple(self.ops)
@@ -162,6 +172,9 @@ class CollectivesConfig:
             raise BadInputError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if not self.timeout_s > 0:
             raise BadInputError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.knob_check_pass not in KNOB_CHECK_PASSES:
+            raise BadInputError(f"knob_check_pass must be one of {KNOB_CHECK_PASSES}, "
+                                f"got {self.knob_check_pass!r}")
 
     def sizes(self) -> list[int]:
         """Requested message sizes S in bytes: min_bytes × factor^k <= max_bytes."""
@@ -181,95 +194,9 @@ class CollectivesConfig:
 # ---------------------------------------------------------------- rank side
 
 
-def _pattern(rank: int, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Known data for the check: small positive integers depending on rank and index."""
-    i = torch.arange(numel, dtype=torch.int64, device=device)
-    return ((i * 7 + rank * 3) % _PATTERN_MOD + 1).to(dtype)
-
-
-def _buffers(op, inplace, count, n, rank, dtype, device):
-    """(call, fills, expected, result) for one op/form: ``call()`` runs the collective once;
-    ``fills`` are (buffer, value) copies that put the check's known inputs in place and a sentinel
-    (0) in the outputs; ``expected()`` builds the expected result (only when checking: at large
-    sizes it is as big as the buffers)."""
-    zeros = lambda k: torch.zeros(k, dtype=dtype, device=device)  # noqa: E731
-    pat = lambda r, k: _pattern(r, k, dtype, device)  # noqa: E731
-    chunk = slice(rank * count, (rank + 1) * count)
-    if op == "all_reduce":
-        buf = zeros(count)
-        expected = lambda: sum(pat(q, count).to(torch.float64) for q in range(n))  # noqa: E731
-        return (lambda: dist.all_reduce(buf)), [(buf, lambda: pat(rank, count))], expected, buf
-    if op == "broadcast":
-        buf = zeros(count)
-        return ((lambda: dist.broadcast(buf, src=_ROOT)), [(buf, lambda: pat(rank, count))],
-                lambda: pat(_ROOT, count), buf)
-    if op == "all_gather":
-        out = zeros(n * count)
-        inp = out[chunk] if inplace else zeros(count)
-        fills = [(out, lambda: zeros(n * count)), (inp, lambda: pat(rank, count))]
-        expected = lambda: torch.cat([pat(q, count) for q in range(n)])  # noqa: E731
-        return (lambda: dist.all_gather_into_tensor(out, inp)), fills, expected, out
-    if op == "reduce_scatter":
-        inp = zeros(n * count)
-        out = inp[chunk] if inplace else zeros(count)
-        # input last: in place, it holds the output
-        fills = [(out, lambda: zeros(count)), (inp, lambda: pat(rank, n * count))]
-        expected = lambda: sum(pat(q, n * count)[chunk].to(torch.float64) for q in range(n))  # noqa: E731
-        return (lambda: dist.reduce_scatter_tensor(out, inp)), fills, expected, out
-    if op == "all_to_all":
-        inp, out = zeros(n * count), zeros(n * count)
-        # Rank q's input chunk r goes to rank r's output chunk q.
-        expected = lambda: torch.cat([pat(q, n * count)[chunk] for q in range(n)])  # noqa: E731
-        fills = [(out, lambda: zeros(n * count)), (inp, lambda: pat(rank, n * count))]
-        return (lambda: dist.all_to_all_single(out, inp)), fills, expected, out
-    # send_recv: a ring of pairs, rank r sends to r+1 and receives from r-1 (nccl-tests sendrecv).
-    send, recv = zeros(count), zeros(count)
-    ops = [dist.P2POp(dist.isend, send, (rank + 1) % n), dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
-
-    def call():
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-
-    fills = [(recv, lambda: zeros(count)), (send, lambda: pat(rank, count))]
-    return call, fills, lambda: pat((rank - 1) % n, count), recv
-
-
-def _time_iterations(call, iters: int, device) -> list[float]:
-    """Seconds of each iteration: CUDA events around each call on GPU (host launch latency is
-    not device time), perf_counter around each blocking call on CPU; no barrier in between."""
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(iters)]
-        torch.cuda.synchronize()
-        for start, end in events:
-            start.record()
-            call()
-            end.record()
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) / 1e3 for start, end in events]  # ms -> s
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t0)
-    return samples
-
-
-def _check(call, fills, expected, result, corrupt: bool, device) -> int:
-    for buf, value in fills:
-        buf.copy_(value())
-    call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    if corrupt:
-        result.view(-1)[0] += 1
-    return int((result.to(torch.float64) != expected().to(torch.float64)).sum().item())
-
-
-def collectives_rank(config: dict) -> dict:
-    """Rank target: run every (op, size, form) of ``config`` (a :class:`CollectivesConfig` as a
-    dict) on this rank of the initialised process group; return this rank's samples."""
-    cfg = CollectivesConfig(**config)
+def _points(cfg: CollectivesConfig):
+    """(rank, device, points) where each point is (op, inplace, count, size_bytes, buffers) in
+    the order every rank runs them; the buffers of a point are built when it is reached."""
     rank, n = dist.get_rank(), dist.get_world_size()
     if n != cfg.world_size:
         raise BadInputError(f"process group has {n} ranks, config says {cfg.world_size}")
@@ -279,28 +206,59 @@ def collectives_rank(config: dict) -> dict:
         device = torch.device("cpu")
     dtype = _dtype(cfg.dtype)
     elem = torch.empty((), dtype=dtype).element_size()
+
+    def points():
+        for op in cfg.ops:
+            unit = message_bytes(op, 1, elem, n)
+            counts = sorted({max(1, s // unit) for s in cfg.sizes()})
+            for inplace in [f for f in _FORMS[op] if f in cfg.inplace]:
+                for count in counts:
+                    buffers = point_buffers(op, inplace, count, n, rank, dtype, device)
+                    yield op, inplace, count, count * unit, buffers
+
+    return rank, device, points()
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def collectives_rank(config: dict) -> dict:
+    """Rank target: run every (op, size, form) of ``config`` (a :class:`CollectivesConfig` as a
+    dict) on this rank of the initialised process group; return this rank's times."""
+    cfg = CollectivesConfig(**config)
+    rank, device, points = _points(cfg)
     entries = []
-    for op in cfg.ops:
-        unit = message_bytes(op, 1, elem, n)
-        counts = sorted({max(1, s // unit) for s in cfg.sizes()})
-        for inplace in [f for f in _FORMS[op] if f in cfg.inplace]:
-            for count in counts:
-                call, fills, expected, result = _buffers(op, inplace, count, n, rank, dtype, device)
-                dist.barrier()  # start each point together; outside the timed region
-                for _ in range(cfg.warmup_iters):
-                    call()
-                samples = _time_iterations(call, cfg.iters, device)
-                wrong = None
-                if cfg.check:
-                    wrong = _check(call, fills, expected, result,
-                                   op in cfg.corrupt and rank == n - 1, device)
-                entries.append({
-                    "op": op, "inplace": inplace, "count": count,
-                    "size_bytes": count * unit, "samples_s": samples, "wrong_elements": wrong,
-                })
-                del call, fills, expected, result
-    return {"rank": rank, "world_size": n, "backend": cfg.backend, "device": str(device),
-            "dtype": cfg.dtype, "entries": entries}
+    for op, inplace, count, size_bytes, (call, fills, expected, result) in points:
+        for _ in range(cfg.warmup_iters):
+            call()
+        _sync(device)
+        dist.barrier()  # nccl-tests: the timed loop starts right after a barrier
+        loop_time_s, samples = time_loop(call, cfg.iters, device)
+        wrong = None
+        if cfg.check:
+            corrupt = op in cfg.corrupt and rank == cfg.world_size - 1
+            wrong = _check(call, fills, expected, result, corrupt, device)
+        entries.append({"op": op, "inplace": inplace, "count": count, "size_bytes": size_bytes,
+                        "loop_time_s": loop_time_s, "samples_s": samples, "wrong_elements": wrong})
+        del call, fills, expected, result
+    # What NCCL logging the timed loop ran under (the launch adds to the caller's environment).
+    return {"rank": rank, "world_size": cfg.world_size, "backend": cfg.backend, "device": str(device),
+            "dtype": cfg.dtype, "nccl_debug": os.environ.get("NCCL_DEBUG"), "entries": entries}
+
+
+def knob_pass_rank(config: dict) -> dict:
+    """Rank target of the knob check pass: every point of ``config`` once, untimed, so that rank
+    0's NCCL log holds one TUNING line per (op, size) for :func:`reduce_rank_results`."""
+    cfg = CollectivesConfig(**config)
+    rank, device, points = _points(cfg)
+    ran = 0
+    for _, _, _, _, (call, *_) in points:
+        call()
+        ran += 1
+    _sync(device)
+    return {"rank": rank, "points": ran}
 
 
 # ---------------------------------------------------------------- reduction
@@ -311,9 +269,12 @@ def _knob_columns(cfg: CollectivesConfig, op: str, size_bytes: int, logs) -> dic
     if cfg.backend != "nccl":
         return {"knob_check": "not_verifiable", "algo_observed": None, "proto_observed": None,
                 "knob_check_detail": f"{cfg.backend} prints no algorithm/protocol choice; knobs recorded, not checked"}
-    if not cfg.knob_check or not logs:
+    if cfg.knob_check_pass == "off":
+        return {"knob_check": "not_checked", "algo_observed": None, "proto_observed": None,
+                "knob_check_detail": "knob_check_pass is 'off': no check pass ran"}
+    if not logs:
         return {"knob_check": "unverifiable", "algo_observed": None, "proto_observed": None,
-                "knob_check_detail": "knob_check disabled or no rank logs"}
+                "knob_check_detail": "no rank logs from the knob check pass"}
     # TUNING lines are printed by rank 0 only; env echoes by every rank.
     func = _NCCL_FUNC.get(op)
     check = nccl_log.knob_check(logs[0], cfg.env, func=func, nbytes=size_bytes,
@@ -328,12 +289,13 @@ def _knob_columns(cfg: CollectivesConfig, op: str, size_bytes: int, logs) -> dic
 
 
 def reduce_rank_results(rank_results, cfg: CollectivesConfig, rank_logs=()):
-    """One row per (op, inplace, size) from every rank's :func:`collectives_rank` result."""
+    """One row per (op, inplace, size) from every rank's :func:`collectives_rank` result;
+    ``rank_logs``: every rank's log of the knob check pass (rank 0 first), if one ran."""
     if not rank_results or any(r is None for r in rank_results):
         raise BadInputError("every rank must have returned a result")
     n = rank_results[0]["world_size"]
     logs = None
-    if cfg.backend == "nccl" and cfg.knob_check and rank_logs:
+    if cfg.backend == "nccl" and cfg.knob_check_pass == "separate" and rank_logs:
         logs = (nccl_log.parse(rank_logs[0]), nccl_log.parse("\n".join(rank_logs)))
     rows = []
     per_rank = [r["entries"] for r in rank_results]
@@ -342,58 +304,77 @@ def reduce_rank_results(rank_results, cfg: CollectivesConfig, rank_logs=()):
         key = (entry["op"], entry["inplace"], entry["size_bytes"])
         if any((e["op"], e["inplace"], e["size_bytes"]) != key for e in mine):
             raise BadInputError(f"ranks disagree on entry {i}: {[e['op'] for e in mine]}")
-        medians = [statistics.median(e["samples_s"]) for e in mine]
-        slowest = max(range(len(mine)), key=medians.__getitem__)
-        meas = Measurement(samples_s=tuple(mine[slowest]["samples_s"]), label=entry["op"])
-        time_s = medians[slowest]
-        algbw = entry["size_bytes"] / time_s if time_s > 0 else math.inf
+        times = reduce_times(mine)
+        algbw = entry["size_bytes"] / times["time_s"] if times["time_s"] > 0 else math.inf
         wrong = [e["wrong_elements"] for e in mine]
         rows.append({
             "op": entry["op"], "inplace": entry["inplace"], "size_bytes": entry["size_bytes"],
             "count": entry["count"], "dtype": rank_results[0]["dtype"], "world_size": n,
             "backend": rank_results[0]["backend"], "device": rank_results[0]["device"],
-            "time_s": time_s,
-            "time_mean_s": max(statistics.fmean(e["samples_s"]) for e in mine),
-            "time_iqr_s": meas.iqr_s, "noisy": meas.noisy, "slowest_rank": slowest,
-            "time_samples_s": list(meas.samples_s),
-            "rank_median_time_s": medians,
-            "rank_time_samples_s": [list(e["samples_s"]) for e in mine],
-            "iters": len(entry["samples_s"]), "warmup_iters": cfg.warmup_iters,
+            **times, "warmup_iters": cfg.warmup_iters,
             "algbw_bytes_per_s": algbw,
             "busbw_bytes_per_s": algbw * busbw_factor(entry["op"], n),
             "wrong_elements": None if None in wrong else sum(wrong),
             "rank_wrong_elements": wrong,
             "knobs": json.dumps(dict(cfg.env), sort_keys=True),
+            "knob_check_pass": cfg.knob_check_pass,
+            "timed_nccl_debug": rank_results[0].get("nccl_debug"),
             **_knob_columns(cfg, entry["op"], entry["size_bytes"], logs),
         })
     return pd.DataFrame(rows)
 
 
 def _debug_env(cfg: CollectivesConfig) -> dict[str, str]:
-    if cfg.backend != "nccl" or not cfg.knob_check:
-        return {}
+    """The knob check pass's environment: the knobs plus NCCL's debug variables."""
     # INIT and ENV for the banner, init lines and env echoes; TUNING for the algo/proto choice
     # (2.20+; rank 0 only). COLL is left out: one line per call per rank floods the logs.
     subsys = [s for s in cfg.env.get("NCCL_DEBUG_SUBSYS", "").split(",") if s]
     subsys += [s for s in ("INIT", "ENV", "TUNING") if s not in subsys]
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": ",".join(subsys)}
+    return {**cfg.env, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": ",".join(subsys)}
+
+
+def _timed_env(cfg: CollectivesConfig) -> dict[str, str]:
+    """The timed launch's environment: with a separate check pass, the knobs without NCCL's debug
+    variables (they were the check pass's instrumentation)."""
+    if cfg.backend == "nccl" and cfg.knob_check_pass == "separate":
+        return {k: v for k, v in cfg.env.items() if not k.startswith("NCCL_DEBUG")}
+    return dict(cfg.env)
 
 
 def run_collectives(cfg: CollectivesConfig):
-    """Launch :func:`collectives_rank` on ``cfg.world_size`` ranks and reduce the results.
+    """Launch :func:`collectives_rank` on ``cfg.world_size`` ranks and reduce the results; on
+    nccl with ``knob_check_pass="separate"``, first launch :func:`knob_pass_rank` with NCCL
+    logging on and check the knobs from its logs.
 
     Raises :class:`perfkit.errors.ExecutionFailed` (status ``failed``/``oom``/``killed``/
-    ``timeout``, the failing rank's error in the message) when the launch did not end ``ok``.
+    ``timeout``, the failing rank's error in the message) when a launch did not end ``ok``.
     """
     from perfkit.launch import launch
 
-    env = {**cfg.env, **_debug_env(cfg)}
-    result = launch(
-        "perfkit.collectives:collectives_rank", cfg.to_dict(), world_size=cfg.world_size,
-        backend=cfg.backend, timeout_s=cfg.timeout_s, env=env,
-        device="cuda" if cfg.backend == "nccl" else "cpu",
-    )
-    if not result.ok:
-        raise ExecutionFailed(status=result.status, error_name="CollectivesLaunchFailed",
-                              message=f"rank {result.failed_rank}: {result.error}")
-    return reduce_rank_results(result.rank_results, cfg, result.rank_logs)
+    used_s = 0.0  # one deadline for both launches
+
+    def run(target, env, what):
+        nonlocal used_s
+        left_s = cfg.timeout_s - used_s
+        if left_s <= 0:
+            raise ExecutionFailed(status="timeout", error_name="CollectivesLaunchFailed",
+                                  message=f"{what}: no time left of timeout_s={cfg.timeout_s}")
+        t0 = time.monotonic()
+        result = launch(target, cfg.to_dict(), world_size=cfg.world_size, backend=cfg.backend,
+                        timeout_s=left_s, env=env, device="cuda" if cfg.backend == "nccl" else "cpu")
+        used_s += time.monotonic() - t0
+        if not result.ok:
+            where = what if result.failed_rank is None else f"{what}, rank {result.failed_rank}"
+            raise ExecutionFailed(status=result.status, error_name="CollectivesLaunchFailed",
+                                  message=f"{where}: {result.error}")
+        return result
+
+    ambient = os.environ.get("NCCL_DEBUG", "").upper()
+    if cfg.backend == "nccl" and ambient in ("INFO", "TRACE") and "NCCL_DEBUG" not in _timed_env(cfg):
+        warnings.warn(f"NCCL_DEBUG={os.environ['NCCL_DEBUG']} is set in this environment and reaches "
+                      "the timed ranks (rows say so in timed_nccl_debug); unset it for clean timings")
+    logs = ()
+    if cfg.backend == "nccl" and cfg.knob_check_pass == "separate":
+        logs = run("perfkit.collectives:knob_pass_rank", _debug_env(cfg), "knob check pass").rank_logs
+    timed = run("perfkit.collectives:collectives_rank", _timed_env(cfg), "timed launch")
+    return reduce_rank_results(timed.rank_results, cfg, logs)

@@ -5,7 +5,9 @@
   (``shared/reference/peaks.md``). A device that matches no entry is reported as *unknown*:
   never another GPU's numbers (the wrong-MFU bugs of other tools came from such fallbacks).
 - :func:`cpu_theoretical_peak` computes cores × clock × FLOP/cycle from the CPU's ISA and says
-  which clock and which FMA-unit count it assumed.
+  which clock and which FMA-unit count it assumed. The cores are the *physical* cores the run
+  could compute on (:func:`cpu_share`): its affinity mask mapped onto the core topology, and no
+  more than its compute threads; hardware threads of one core share its FMA units.
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ class DeviceInfo:
     name: str
     """Marketing name as the runtime reports it (``torch.cuda.get_device_name``, CPU model)."""
     count: int
-    """Devices of this kind visible to the process (CPU: usable cores)."""
+    """Devices of this kind visible to the process (CPU: logical CPUs in its affinity mask)."""
     memory_bytes: int | None
     """Device memory (GPU) or system memory (CPU), when known."""
     capability: str | None = None
     """CUDA compute capability (``9.0``) or the ROCm gfx architecture (``gfx90a``)."""
+    compute_units: int | None = None
+    """SMs (CUDA) or CUs (ROCm, per GCD) of the device: what tells parts apart that share a
+    runtime name (ROCm names MI250 and MI250X both "AMD Instinct MI250X / MI250")."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -69,16 +74,27 @@ class SpecPeaks:
     """Memory capacity per device as sold (10^9 GB), bytes."""
     source: str = ""
     """Where the numbers come from."""
+    compute_units: int | None = None
+    """SMs/CUs per device of this part, when they tell it apart from a part of the same runtime
+    name: a device that reports another count is not this part."""
+    shared_name_pattern: str | None = None
+    """A runtime name this part shares with other parts; it matches only when ``compute_units``
+    confirms the part."""
 
 
 # Every value below is copied from shared/reference/peaks.md (dense, no sparsity); a blank there
-# is a missing key here. Order matters: the first matching pattern wins, so specific variants
-# (PCIe, 40 GB) come before the generic name, and variants absent from the table (H100 NVL,
-# A100 PCIe bandwidth) are excluded from the generic rows rather than given their numbers.
+# is a missing key here. A pattern names one part: model numbers are whole tokens (``\bH200\b``
+# is not GH200, ``\bA100\b`` not RTX A1000), and variants absent from the table (H100/H200 NVL,
+# GH200, H800, MI250, other memory sizes, A100 PCIe bandwidth) are excluded rather than given
+# another part's numbers. Order matters: the first matching pattern wins, so specific variants
+# (PCIe, 40 GB) come before the generic name. Names seen from the runtimes: "NVIDIA H100 80GB
+# HBM3", "NVIDIA H100 PCIe", "NVIDIA H200", "NVIDIA GH200 480GB", "NVIDIA A100-SXM4-80GB",
+# "AMD Instinct MI250X" or, on some ROCm versions for MI250 and MI250X alike, "AMD Instinct
+# MI250X / MI250".
 SPEC_TABLE: tuple[SpecPeaks, ...] = (
     SpecPeaks(
         model="NVIDIA H100 PCIe",
-        pattern=r"H100.*PCIe",
+        pattern=r"\bH100\b.*\bPCIe\b",
         flop_per_s={"bf16": 756 * _T, "fp16": 756 * _T, "fp8": 1513 * _T},
         memory_bytes_per_s=2.0 * _T,
         memory_bytes=80e9,
@@ -86,7 +102,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     ),
     SpecPeaks(
         model="NVIDIA H100 SXM5",
-        pattern=r"H100(?!.*(PCIe|NVL))",
+        pattern=r"\bH100\b(?!.*\b(PCIe|NVL)\b)(?!.*\b(?!80GB\b)\d+GB\b)",
         flop_per_s={
             "fp64": 34 * _T, "fp64_tensor": 67 * _T, "fp32": 67 * _T, "tf32": 494.7 * _T,
             "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
@@ -97,7 +113,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     ),
     SpecPeaks(
         model="NVIDIA H200 SXM",
-        pattern=r"H200(?!.*NVL)",
+        pattern=r"\bH200\b(?!.*\bNVL\b)(?!.*\b(?!141GB\b)\d+GB\b)",
         flop_per_s={
             "fp64": 34 * _T, "fp32": 67 * _T, "tf32": 494.7 * _T,
             "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
@@ -108,7 +124,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     ),
     SpecPeaks(
         model="NVIDIA A100 40GB",
-        pattern=r"A100.*40GB",
+        pattern=r"\bA100\b.*\b40GB\b",
         flop_per_s={
             "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
             "bf16": 312 * _T, "fp16": 312 * _T,
@@ -119,7 +135,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     ),
     SpecPeaks(
         model="NVIDIA A100 80GB PCIe",
-        pattern=r"A100.*PCIe",
+        pattern=r"\bA100\b.*\bPCIe\b",
         flop_per_s={
             "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
             "bf16": 312 * _T, "fp16": 312 * _T,
@@ -130,7 +146,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     ),
     SpecPeaks(
         model="NVIDIA A100 80GB SXM",
-        pattern=r"A100",
+        pattern=r"\bA100\b",
         flop_per_s={
             "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
             "bf16": 312 * _T, "fp16": 312 * _T,
@@ -141,7 +157,10 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     ),
     SpecPeaks(
         model="AMD Instinct MI250X (per GCD)",
-        pattern=r"MI250X?",
+        # MI250 (104 CUs per GCD, other peaks) is not in the table: it must never get these.
+        pattern=r"\bMI250X\b(?!\s*/\s*MI250\b)",
+        shared_name_pattern=r"\bMI250X\s*/\s*MI250\b",
+        compute_units=110,
         flop_per_s={
             "fp64": 23.9 * _T, "fp64_tensor": 47.9 * _T, "fp32": 23.9 * _T,
             "fp32_matrix": 47.9 * _T, "bf16": 191.5 * _T, "fp16": 191.5 * _T,
@@ -149,11 +168,12 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
         memory_bytes_per_s=1.6 * _T,
         memory_bytes=64e9,
         source="AMD MI250X spec (383 BF16 TFLOP/s and 3.2 TB/s per two-GCD module, halved per "
-        "GCD); torchtitan uses 191.5e12 per GCD",
+        "GCD); torchtitan uses 191.5e12 per GCD; 110 CUs per GCD (MI250: 104), ROCm docs 'AMD "
+        "GPU specifications' (rocm.docs.amd.com/en/latest/reference/gpu-specs.html)",
     ),
     SpecPeaks(
         model="AMD Instinct MI300X",
-        pattern=r"MI300X",
+        pattern=r"\bMI300X\b",
         flop_per_s={"fp32_matrix": 163.4 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T, "fp8": 2614.9 * _T},
         memory_bytes_per_s=5.3 * _T,
         memory_bytes=192e9,
@@ -162,17 +182,28 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
 )
 
 
-def spec_peaks(device_name: str) -> SpecPeaks | None:
-    """The spec-sheet row for ``device_name``, or None: the device is unknown to perfkit."""
+def spec_peaks(device_name: str, compute_units: int | None = None) -> SpecPeaks | None:
+    """The spec-sheet row of the exact part ``device_name`` names, or None: unknown to perfkit.
+
+    ``compute_units`` (SMs/CUs as the runtime reports them, :attr:`DeviceInfo.compute_units`)
+    settles a name several parts share (ROCm's "AMD Instinct MI250X / MI250": 110 CUs per GCD is
+    an MI250X); without it such a name is unknown, and a count that contradicts the name is too.
+    """
     for row in SPEC_TABLE:
         if re.search(row.pattern, device_name, flags=re.IGNORECASE):
+            contradicted = (compute_units is not None and row.compute_units is not None
+                            and compute_units != row.compute_units)
+            return None if contradicted else row
+        if (row.shared_name_pattern is not None and compute_units is not None
+                and compute_units == row.compute_units
+                and re.search(row.shared_name_pattern, device_name, flags=re.IGNORECASE)):
             return row
     return None
 
 
-def spec_ceilings(device_name: str) -> list[dict]:
+def spec_ceilings(device_name: str, compute_units: int | None = None) -> list[dict]:
     """Spec ceilings as rows of the ceilings table (``origin="spec"``), empty when unknown."""
-    row = spec_peaks(device_name)
+    row = spec_peaks(device_name, compute_units)
     if row is None:
         return []
     rows = [
@@ -227,6 +258,7 @@ def detect(device: str = "auto") -> DeviceInfo:
             count=torch.cuda.device_count(),
             memory_bytes=int(props.total_memory),
             capability=capability,
+            compute_units=getattr(props, "multi_processor_count", None),
         )
     return DeviceInfo(
         kind="cpu",
@@ -239,10 +271,15 @@ def detect(device: str = "auto") -> DeviceInfo:
 
 
 def _usable_cores() -> int:
+    """Logical CPUs this process may run on (its affinity mask)."""
+    return len(_affinity())
+
+
+def _affinity() -> tuple[int, ...]:
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS: no affinity masks
+        return tuple(range(os.cpu_count() or 1))
 
 
 def _system_memory_bytes() -> int | None:
@@ -280,7 +317,8 @@ class CpuPeak:
     flop_per_s: dict[str, float]
     """Theoretical peak per precision (``fp32``, ``fp64``)."""
     cores: int
-    """Cores counted (usable by this process; hardware threads on one core are not extra FMA units)."""
+    """Physical cores counted: those the run could compute on (:mod:`perfkit.cpu_share`;
+    hardware threads of one core are not extra FMA units)."""
     clock_hz: float
     """Clock used."""
     clock_source: str
@@ -291,6 +329,10 @@ class CpuPeak:
     """FMA units × SIMD lanes × 2 (an FMA is 2 FLOP), per precision."""
     assumption: str
     """What could not be read from the hardware (the FMA unit count)."""
+    threads: int | None = None
+    """Compute threads the run used (all its processes); None when ``cores`` was given."""
+    cores_source: str = "given"
+    """How ``cores`` was counted (:func:`perfkit.cpu_share.run_cores`)."""
 
 
 def cpu_clock_hz() -> tuple[float, str]:
@@ -306,17 +348,24 @@ def cpu_clock_hz() -> tuple[float, str]:
 
 
 def cpu_theoretical_peak(flags: set[str] | None = None, cores: int | None = None,
-                         clock_hz: float | None = None) -> CpuPeak:
-    """Theoretical FP32/FP64 peak of this CPU (arguments override what is read, for tests).
+                         clock_hz: float | None = None, *, shares=None) -> CpuPeak:
+    """Theoretical FP32/FP64 peak of the CPU cores a run had (arguments override what is read).
 
+    Cores: ``cores`` if given, else those of ``shares`` (:class:`perfkit.cpu_share.CpuShare`
+    of each process of the run, :func:`perfkit.cpu_share.run_cores`), else this process's
+    share: physical cores of its affinity mask, no more than its compute threads.
     FLOP per cycle per core = FMA units × SIMD lanes × 2 (shared/reference/peaks.md): AVX-512
     with two 512-bit FMA units gives 2 × 16 × 2 = 64 FP32; AVX2 with two 256-bit units 32. The
     number of FMA units is not visible in cpuid: two is assumed (true of server Xeons since
     Skylake-SP Gold 6xxx/Platinum and of Zen 4/5), and stated in ``assumption``.
     """
+    from .cpu_share import cpu_share, run_cores
+
     if flags is None:
         flags = set(_cpuinfo().get("flags", "").split())
-    cores = cores if cores is not None else _usable_cores()
+    threads, cores_source = None, "given"
+    if cores is None:
+        cores, threads, cores_source = run_cores(list(shares) if shares else [cpu_share()])
     if clock_hz is None:
         clock_hz, clock_source = cpu_clock_hz()
     else:
@@ -339,20 +388,24 @@ def cpu_theoretical_peak(flags: set[str] | None = None, cores: int | None = None
         isa=isa,
         flop_per_cycle_per_core=per_cycle,
         assumption=f"{fma_units} FMA units per core assumed ({isa})",
+        threads=threads,
+        cores_source=cores_source,
     )
 
 
-def reference_ceilings(info: DeviceInfo) -> list[dict]:
+def reference_ceilings(info: DeviceInfo, cpu_peak: CpuPeak | None = None) -> list[dict]:
     """Ceilings known without measuring: the spec sheet's (``origin="spec"``) for a GPU in the
-    table, the theoretical cores × clock × FLOP/cycle (``origin="theoretical"``) for a CPU.
-    Empty for an unknown GPU: perfkit draws no roof it cannot source."""
+    table, the theoretical cores × clock × FLOP/cycle (``origin="theoretical"``) for a CPU
+    (``cpu_peak``, default: of this process's share of the CPU). Empty for an unknown GPU:
+    perfkit draws no roof it cannot source."""
     if info.kind != "cpu":
-        return spec_ceilings(info.name)
-    peak = cpu_theoretical_peak()
+        return spec_ceilings(info.name, info.compute_units)
+    peak = cpu_peak if cpu_peak is not None else cpu_theoretical_peak()
     return [
         {"kind": "compute", "dtype": dtype, "level": None, "value": value, "unit": "FLOP/s",
          "origin": "theoretical",
-         "source": f"{peak.cores} cores x {peak.clock_hz / 1e9:.2f} GHz ({peak.clock_source}) x "
+         "source": f"{peak.cores} physical cores [{peak.cores_source}] x "
+                   f"{peak.clock_hz / 1e9:.2f} GHz ({peak.clock_source}) x "
                    f"{peak.flop_per_cycle_per_core[dtype]} FLOP/cycle; {peak.assumption}",
          "method": "cores x clock x FLOP/cycle"}
         for dtype, value in peak.flop_per_s.items()

@@ -10,9 +10,15 @@ and classify how it ended:
 - wall time over ``timeout_s`` → ``timeout``: the kernel's whole process group is killed;
 - the kernel dies on its own → ``killed``.
 
+Every process a configuration starts ends with it: each kernel gets a teardown token in its
+environment (:mod:`perfkit._teardown`) that its descendants inherit, torchrun's ranks in their
+own sessions included, and killing or shutting down the kernel kills every holder and waits
+until none is left. A kernel whose sweep dies (SIGKILL) does the same from a watch thread.
+
 The executed notebook is always written, papermill's error banner included; a killed kernel
 gets a banner of ours. Whatever happens, the configuration's results file ends with at least one
-row carrying its status.
+row carrying its status and parameters: an ``ok`` notebook that recorded nothing (a user's own
+notebook that only prints) gets one, or the results would not show that it ran.
 """
 
 from __future__ import annotations
@@ -26,19 +32,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _teardown
 from . import status as st
 from .results import CONTEXT_ENV, RunContext, load, record
+from .notebooks import trust_executed
 
 __all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "has_status_row"]
 
 # Runs in every kernel we start: when the process that started it dies (a sweep killed with
-# SIGKILL), the kernel kills its own process group (itself and e.g. torchrun under it) instead
-# of living on as an orphan that could still write rows after a resumed sweep re-ran its config.
+# SIGKILL), the kernel kills every holder of its teardown token (torchrun and its ranks, which
+# lead sessions of their own) and its own process group, instead of living on as an orphan that
+# holds devices and could still write rows after a resumed sweep re-ran its configuration.
+# _teardown is loaded by path: importing the perfkit package would import pandas first.
 _PARENT_WATCH = """
-import os, threading, time, signal
+import importlib.util, os, threading, time, signal
+_spec = importlib.util.spec_from_file_location("_perfkit_teardown", {path!r})
+_td = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_td)
 def _watch(parent=os.getppid()):
     while os.getppid() == parent:
         time.sleep(0.5)
+    _td.reap({token!r})
     os.killpg(0, signal.SIGKILL)
 threading.Thread(target=_watch, daemon=True, name="perfkit-parent-watch").start()
 """
@@ -89,7 +103,17 @@ class WarmKernel:
         kernel_env.pop(CONTEXT_ENV, None)
         kernel_env.update(env or {})
         kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        # One kernel, one configuration: the token marks every process the configuration starts.
+        self.token = _teardown.new_token()
+        kernel_env[self.token] = "1"
         self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
+        try:
+            self._prepare(background, preload)
+        except BaseException:
+            self.shutdown()  # a kernel that failed its set-up is not left running
+            raise
+
+    def _prepare(self, background: bool, preload: Sequence[str]) -> None:
         # ``background``: the kernel warms up while another configuration is being measured on
         # the same cores; under SCHED_IDLE it only uses CPU time nobody else wants, so it does not
         # perturb that measurement. :meth:`foreground` restores normal scheduling when handed a
@@ -98,7 +122,8 @@ class WarmKernel:
         # ``preload``: the notebook's own import statements, run before the kernel is handed a
         # configuration so that small configurations do not pay import time on the critical path.
         # A failing import is left for the notebook itself to report.
-        code = [f"exec({_PARENT_WATCH!r}, {{}})"]
+        watch = _PARENT_WATCH.format(path=_teardown.__file__, token=self.token)
+        code = [f"exec({watch!r}, {{}})"]
         code += [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
         self.run_code("\n".join(code))
 
@@ -147,19 +172,28 @@ class WarmKernel:
         return getattr(prov, "pgid", None) or getattr(prov, "pid", None)
 
     def kill(self) -> None:
-        """SIGKILL the kernel's process group: the kernel and anything it started (torchrun)."""
+        """SIGKILL the kernel and every process it started (torchrun, ranks: its token's holders),
+        and wait until they are gone."""
         pgid = self.pgid
         if pgid:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        self._reap()
 
     def shutdown(self) -> None:
         try:  # shutdown_kernel also removes the connection file
             self._run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 - already dead is fine
             self.kill()
+        self._reap()
+
+    def _reap(self) -> None:
+        left = _teardown.reap(self.token)
+        if left:
+            print(f"perfkit: processes {left} of a configuration survived SIGKILL (uninterruptible?)",
+                  file=sys.stderr)
 
 
 def banner(output_notebook: Path, text: str) -> None:
@@ -176,11 +210,18 @@ def banner(output_notebook: Path, text: str) -> None:
     nbformat.write(nb, output_notebook)
 
 
-def has_status_row(results_path: Path, status: str) -> bool:
+def has_status_row(results_path: Path, status: str | None, config_id: str | None = None) -> bool:
+    """Whether the results file holds a row with ``status`` (any status when None), of
+    ``config_id`` when given."""
     if not results_path.exists():
         return False
     frame = load(results_path)
-    return bool((frame["status"] == status).any()) if "status" in frame else False
+    if "status" not in frame:
+        return False
+    found = frame["status"].notna() if status is None else frame["status"] == status
+    if config_id is not None and "config_id" in frame:
+        found &= frame["config_id"] == config_id
+    return bool(found.any())
 
 
 def execute_config(
@@ -248,10 +289,16 @@ def execute_config(
     if status in (st.TIMEOUT, st.KILLED):
         banner(output_notebook, f"perfkit: this configuration ended <b>{status}</b> after "
                 f"{duration:.1f} s: {message}")
-    if status != st.OK and not has_status_row(results_path, status):
-        reason = f"{error_name}: {message}" if error_name else message
-        if cell is not None:
-            reason = f"{reason} (cell {cell})"
+    if output_notebook.exists():  # its plots render when the user opens it later in JupyterLab
+        trust_executed(output_notebook)
+    # A failure always shows as a row of its status; an ``ok`` run only needs one when it
+    # recorded nothing at all (its own rows may carry other statuses, e.g. a skipped point).
+    if not has_status_row(results_path, None if status == st.OK else status, config_id):
+        reason = None
+        if status != st.OK:
+            reason = f"{error_name}: {message}" if error_name else message
+            if cell is not None:
+                reason = f"{reason} (cell {cell})"
         record([{}], status=status, reason=reason, context=ctx)
     return Outcome(config_id=config_id, status=status, error_name=error_name, message=message,
                    cell=cell, output_notebook=output_notebook, results_path=results_path,

@@ -34,8 +34,12 @@ def dtype_support(dtype: str, device: str) -> str | None:
         return f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}"
     kind = device.split(":")[0]
     if dtype == "tf32":
-        if kind != "cuda" or getattr(torch.version, "hip", None):
-            return "tf32 needs an NVIDIA GPU of compute capability >= 8.0; this device has none"
+        if kind != "cuda":
+            return "tf32 is a GPU matrix-unit mode (NVIDIA sm_80+, AMD MI300+); this is a CPU"
+        if getattr(torch.version, "hip", None):
+            from .precision import support_reason
+
+            return support_reason(dtype, device)
         if torch.cuda.get_device_capability(torch.device(device))[0] < 8:
             return "tf32 needs compute capability >= 8.0 (Ampere or later)"
     return None
@@ -56,6 +60,8 @@ def measure_gemm(
     """
     import torch
 
+    from .precision import math_mode
+
     device = resolve_device(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
@@ -71,13 +77,10 @@ def measure_gemm(
             a = torch.randn(size, size, generator=gen).to(device=device, dtype=torch_dtype)
             b = torch.randn(size, size, generator=gen).to(device=device, dtype=torch_dtype)
             out = torch.empty(size, size, device=device, dtype=torch_dtype)
-            allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-            try:
+            # fp32 is IEEE fp32 (a user's allow_tf32 or oneDNN's bf16 mode would inflate it).
+            with math_mode(dtype):
                 m = measure(lambda: torch.matmul(a, b, out=out), min_run_time_s=min_run_time_s,
                             device=device, label=f"matmul {size}^3 {dtype}")
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = allow_tf32
             flop = gemm_flop(size, size, size)
             nbytes = gemm_min_bytes(size, size, size, a.element_size())
             rows.append({

@@ -9,8 +9,12 @@ private temporary directory; its stdout and stderr go to a log file there too.
 The launcher keeps its own deadline rather than trusting torchrun's: torchrun notices a rank that
 exits, but not one that hangs in a collective waiting for a peer, and its own teardown of the
 survivors can be slow. Workers are started by torchrun in sessions of their own, so killing
-torchrun's process group is not enough: the whole descendant tree is found through ``/proc`` (and
-the ranks' pids) and killed.
+torchrun's process group is not enough: torchrun gets a teardown token in its environment
+(:mod:`perfkit._teardown`), which it passes to the ranks and they to their children, and every
+holder of it is killed when the launch ends, however it ends (Ctrl-C in a notebook included).
+The launcher itself may die first (a kernel killed by a sweep's timeout, a JupyterLab kernel
+restart): each rank watches the launching process and, once it is gone, kills the launch's
+token holders (torchrun, its peers) and itself.
 
 Statuses (:mod:`perfkit.status`): ``ok`` (every rank returned), ``failed``/``oom`` (a rank raised),
 ``killed`` (a rank ended without a result: an exit code or a signal), ``timeout`` (the deadline
@@ -33,6 +37,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from perfkit import _teardown
 from perfkit.errors import BadInputError
 from perfkit.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
@@ -115,53 +120,6 @@ def _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoin
     return command
 
 
-def _descendants(root_pid: int) -> list[int]:
-    """Pids of every process below ``root_pid``, from ``/proc`` (empty where there is none)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name is in parentheses and may hold spaces; ppid is the second field after.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, stack = [], [root_pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen, rank_pids: list[int]) -> None:
-    pids = set(_descendants(proc.pid)) | set(rank_pids)
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)  # each worker leads its own session (torchrun's Popen)
-        except OSError:
-            pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def _read_json(path: str) -> dict | None:
     try:
         with open(path) as f:
@@ -180,16 +138,6 @@ def _read_text(path: str) -> str:
 
 def _reports(work_dir: str, nproc: int) -> list[dict | None]:
     return [_read_json(os.path.join(work_dir, f"local{i}.json")) for i in range(nproc)]
-
-
-def _live_rank_pids(work_dir: str, nproc: int) -> list[int]:
-    """Pids the ranks wrote, that still run this launch's entry point (not a recycled pid)."""
-    pids = []
-    for i in range(nproc):
-        text = _read_text(os.path.join(work_dir, f"local{i}.pid")).strip()
-        if text.isdigit() and work_dir in _read_text(f"/proc/{text}/cmdline"):
-            pids.append(int(text))
-    return pids
 
 
 # torchrun's failure summary: one block per failed local rank, "rank : 1 (local_rank: 1)" then
@@ -274,21 +222,25 @@ def launch(
     nproc = world_size // nnodes
     work_dir = tempfile.mkdtemp(prefix="perfkit-launch-")
     try:
+        token = _teardown.new_token()
+        child_env = {**os.environ, **(env or {}), token: "1"}
         job_path = os.path.join(work_dir, "job.json")
         with open(job_path, "w") as f:
             f.write(json.dumps({
                 "target": target, "config": json.loads(config_text), "backend": backend,
                 "device": device, "timeout_s": timeout_s, "work_dir": work_dir,
                 "sys_path": [p for p in sys.path if isinstance(p, str)],
+                # The ranks end the launch themselves when this process dies before them.
+                "launcher_pid": os.getpid(), "launcher_start": _teardown.start_time(os.getpid()),
+                "token": token,
             }))
-        child_env = {**os.environ, **(env or {})}
         command = _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint)
-        return _supervise(command, child_env, work_dir, nproc, timeout_s)
+        return _supervise(command, child_env, token, work_dir, nproc, timeout_s)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def _supervise(command, child_env, work_dir, nproc, timeout_s) -> LaunchResult:
+def _supervise(command, child_env, token, work_dir, nproc, timeout_s) -> LaunchResult:
     torchrun_log_path = os.path.join(work_dir, "torchrun.log")
     start = time.monotonic()
     deadline = start + timeout_s
@@ -311,9 +263,17 @@ def _supervise(command, child_env, work_dir, nproc, timeout_s) -> LaunchResult:
                 break
             time.sleep(_POLL_S)
     finally:
-        # Also on KeyboardInterrupt in a notebook: never leave ranks behind.
-        if proc.poll() is None or _live_rank_pids(work_dir, nproc):
-            _kill_tree(proc, _live_rank_pids(work_dir, nproc))
+        # Also on KeyboardInterrupt (Ctrl-C in a notebook): torchrun, the ranks and whatever they
+        # started hold the launch's token; none of them outlives the launch.
+        left = _teardown.reap(token)
+        try:
+            proc.kill()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if left:
+            print(f"perfkit.launch: processes {left} of this launch survived SIGKILL (uninterruptible?)",
+                  file=sys.stderr)
     reports = _reports(work_dir, nproc)
     results = tuple(r["result"] if r and r.get("ok") else None for r in reports)
     logs = tuple(_read_text(os.path.join(work_dir, f"local{i}.log")) for i in range(nproc))

@@ -11,9 +11,13 @@ saw in one real step (recompute, optimizer and elementwise work included) by the
 peak. Both are NaN, with the reason, when the peak is unknown: an unknown GPU or a dtype the CPU
 has no theoretical peak for is never given another device's or dtype's numbers.
 
-Peaks: a GPU's spec-sheet dense peak (:func:`perfkit.devices.spec_peaks`) × the ranks (one GPU
-each); a CPU's theoretical cores × clock × FLOP/cycle (:func:`perfkit.devices.cpu_theoretical_peak`)
-once, however many ranks share its cores. Nothing here touches a device.
+Peaks: a GPU's spec-sheet dense peak (:func:`perfkit.devices.spec_peaks`, the exact part or
+unknown) × the ranks (one GPU each). A CPU's theoretical cores × clock × FLOP/cycle
+(:func:`perfkit.devices.cpu_theoretical_peak`) of the physical cores the run had: per rank
+min(its threads, the physical cores of its affinity mask), summed over the ranks and capped at
+the physical cores of their CPUs (:func:`perfkit.cpu_share.run_cores`); never the whole
+machine's logical CPUs. The row states the threads and the cores counted. Nothing here touches
+a device.
 """
 
 from __future__ import annotations
@@ -47,15 +51,23 @@ class Peak:
     """Where the per-device number comes from (spec-sheet source, or the CPU formula)."""
     reason: str | None
     """Why ``flop_per_s`` is NaN; None when it is known."""
+    cpu_cores: int | None = None
+    """CPU: the physical cores the peak counts (all ranks); None on a GPU."""
+    cpu_threads: int | None = None
+    """CPU: the compute threads the run used (all ranks); None on a GPU or when not read."""
 
 
 def peak_flop_per_s(*, device_kind: str, device_name: str, precision: str, devices: int,
-                    cpu_peak=None) -> Peak:
+                    cpu_peak=None, cpu_shares=None, compute_units: int | None = None) -> Peak:
     """The peak of ``devices`` devices of ``device_name`` in ``precision``.
 
     ``device_kind`` is ``cuda``, ``rocm`` or ``cpu`` (:class:`perfkit.devices.DeviceInfo`);
-    ``cpu_peak`` a :class:`perfkit.devices.CpuPeak` (default: this machine's).
+    ``compute_units`` the SMs/CUs the runtime reports (tells apart parts of one name).
+    CPU: ``cpu_peak`` a :class:`perfkit.devices.CpuPeak` of the cores the whole run had, else
+    one from ``cpu_shares`` (each rank's :class:`perfkit.cpu_share.CpuShare` or its
+    ``as_dict()``), else from this process's share.
     """
+    from .cpu_share import CpuShare
     from .devices import cpu_theoretical_peak, spec_peaks
 
     dtype = PEAK_DTYPE.get(precision)
@@ -63,21 +75,28 @@ def peak_flop_per_s(*, device_kind: str, device_name: str, precision: str, devic
         return Peak(flop_per_s=math.nan, description="unknown", source=None,
                     reason=f"no peak dtype for precision {precision!r}")
     if device_kind == "cpu":
-        peak = cpu_peak if cpu_peak is not None else cpu_theoretical_peak()
+        if cpu_peak is None:
+            shares = [CpuShare(**s) if isinstance(s, dict) else s for s in cpu_shares or []]
+            cpu_peak = cpu_theoretical_peak(shares=shares or None)
+        peak = cpu_peak
         value = peak.flop_per_s.get(dtype)
         if value is None or not math.isfinite(value):
             return Peak(flop_per_s=math.nan, description="unknown", source=None,
                         reason=f"no theoretical {dtype} peak for this CPU ({device_name}); "
                                f"cores × clock × FLOP/cycle is known for "
                                f"{', '.join(sorted(peak.flop_per_s))} only")
+        threads = f", {peak.threads} threads" if peak.threads is not None else ""
         return Peak(
             flop_per_s=value,
-            description=f"CPU theoretical {dtype} peak of its {peak.cores} cores "
-                        f"(shared by {devices} rank{'s' if devices > 1 else ''})",
-            source=f"{peak.cores} cores × {peak.clock_hz / 1e9:.2f} GHz ({peak.clock_source}) × "
+            description=f"CPU theoretical {dtype} peak of the {peak.cores} physical cores the run "
+                        f"had (shared by {devices} rank{'s' if devices > 1 else ''}{threads}: "
+                        f"per rank min(threads, physical cores of its CPUs), summed, capped at "
+                        f"the physical cores of their CPUs)",
+            source=f"{peak.cores} physical cores [{peak.cores_source}] × "
+                   f"{peak.clock_hz / 1e9:.2f} GHz ({peak.clock_source}) × "
                    f"{peak.flop_per_cycle_per_core[dtype]} FLOP/cycle; {peak.assumption}",
-            reason=None)
-    row = spec_peaks(device_name)
+            reason=None, cpu_cores=peak.cores, cpu_threads=peak.threads)
+    row = spec_peaks(device_name, compute_units)
     if row is None:
         return Peak(flop_per_s=math.nan, description="unknown", source=None,
                     reason=f"unknown device {device_name!r}: not in perfkit's spec table")

@@ -27,6 +27,8 @@ def peaks_table(device: str = "auto", *, quick: bool = True, measure: bool = Tru
     for col in CEILING_COLUMNS:
         if col not in table:
             table[col] = None
+    # Recorded, each row's fingerprint is then of this device, not of the machine's first GPU.
+    table["device"] = info.torch_device
     table.attrs["device_name"] = info.name
     return table[CEILING_COLUMNS + [c for c in table.columns if c not in CEILING_COLUMNS]]
 

@@ -19,7 +19,8 @@ import pandas as pd
 from . import plots
 from .results import load
 
-__all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report"]
+__all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report",
+           "REPORT_DIR_ENV", "notebook_results_dir"]
 
 #: Fingerprint facts whose mix within one plot makes comparisons suspect.
 _COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip")
@@ -45,22 +46,63 @@ def _workload(name: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
     return select
 
 
+def _device_label(kind, name, cores) -> str:
+    if kind == "cpu":
+        return f"CPU {name or 'unknown'}" + (f", {cores} physical cores" if cores else "")
+    return f"{kind} {name or 'unknown GPU'}"
+
+
+def _reference_ceilings(kind, name, compute_units, cores) -> pd.DataFrame | None:
+    """The spec (GPU) or theoretical (CPU) ceilings of the device rows measured, or None.
+
+    A CPU's theoretical peak is computed here from this machine's ISA and clock, so only for
+    rows of this CPU model, and of the physical cores the rows' process had (recorded in the
+    fingerprint); an older row without them gets no roof rather than the whole machine's."""
+    from .devices import DeviceInfo, cpu_model_name, cpu_theoretical_peak, reference_ceilings
+
+    if name is None or kind is None:
+        return None
+    if kind == "cpu":
+        if name != cpu_model_name() or not cores:
+            return None
+        ceilings = reference_ceilings(
+            DeviceInfo(kind="cpu", torch_device="cpu", name=name, count=1, memory_bytes=None),
+            cpu_peak=cpu_theoretical_peak(cores=int(cores)))
+    else:
+        ceilings = reference_ceilings(DeviceInfo(kind=kind, torch_device="", name=name, count=1,
+                                                 memory_bytes=None, compute_units=compute_units))
+    return pd.DataFrame(ceilings) if ceilings else None
+
+
 def _gemm(rows: pd.DataFrame, all_rows: pd.DataFrame):
-    from .devices import DeviceInfo, reference_ceilings
+    """One GEMM plot per device the rows measured, each under that device's peaks only (a CPU
+    row is never drawn under a GPU's spec roof)."""
+    import holoviews as hv
 
-    ceilings = []
-    for (kind, name), _ in rows.groupby(["env_device_kind", "env_device_name"], dropna=False):
-        info = DeviceInfo(kind=str(kind), torch_device="", name=str(name), count=1, memory_bytes=None)
-        if info.kind == "cpu" and name != _local_cpu_name():
-            continue  # the theoretical peak is computed for *this* CPU only
-        ceilings.extend(reference_ceilings(info))
-    return plots.gemm_throughput(rows, pd.DataFrame(ceilings) if ceilings else None)
+    from .env import measured_devices
+
+    measured = measured_devices(rows)
+    cores = rows["env_cpu_cores_counted"] if "env_cpu_cores_counted" in rows else [None] * len(rows)
+    keys = [(_plain(kind), _plain(name), _plain(units), _plain(n) if kind == "cpu" else None)
+            for kind, name, units, n in zip(measured["kind"], measured["name"],
+                                            measured["compute_units"], cores)]
+    panels = []
+    for key in dict.fromkeys(keys):
+        plot = plots.gemm_throughput(rows[[k == key for k in keys]], _reference_ceilings(*key))
+        if isinstance(plot, hv.Overlay):
+            plot = plot.opts(title=f"GEMM throughput: {_device_label(key[0], key[1], key[3])} "
+                                   "(hollow: noisy)")
+        panels.append(plot)
+    return panels[0] if len(panels) == 1 else hv.Layout(panels).cols(1)
 
 
-def _local_cpu_name() -> str:
-    from .devices import cpu_model_name
-
-    return cpu_model_name()
+def _plain(value):
+    """A hashable, comparable key part: None for missing (NaN), int for whole floats."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _roofline(rows: pd.DataFrame, all_rows: pd.DataFrame):
@@ -213,3 +255,29 @@ def write_report(directory: str | Path, output: str | Path, *, title: str | None
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(output)
     return output
+
+
+#: The results folder of the report notebook when its ``results_dir`` parameter is "" (how the
+#: test suite points nbval, which cannot inject parameters, at rows it prepared).
+REPORT_DIR_ENV = "PERFKIT_REPORT_DIR"
+
+
+def notebook_results_dir(results_dir: str | Path) -> Path:
+    """The report notebook's folder: ``results_dir``, or ``$PERFKIT_REPORT_DIR`` when it is "".
+
+    A folder that does not exist is an error, never replaced by other rows: a mistyped path must
+    not show an ``ok`` run of something else.
+    """
+    import os
+
+    from .errors import BadInputError
+
+    given = str(results_dir) or os.environ.get(REPORT_DIR_ENV, "")
+    if not given:
+        raise BadInputError(f"results_dir is empty and ${REPORT_DIR_ENV} is not set: set results_dir to a "
+                            "sweep's --out (make demo writes ../runs/quickstart)")
+    path = Path(given)
+    if not path.exists():
+        raise BadInputError(f"results directory {given!r} does not exist (looked in {path.resolve()}): "
+                            "set results_dir to a sweep's --out")
+    return path

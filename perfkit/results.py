@@ -6,7 +6,8 @@ row under DIR as one DataFrame. Each row carries:
 - ``config_id`` and ``status`` (``ok``, ``failed``, ``oom``, ``timeout``, ``killed``, ``skipped``)
   with ``reason`` for anything but ``ok``;
 - the configuration's parameters as columns of the same names (so rows group by what was swept);
-- the environment fingerprint (``env_*`` columns and the whole as ``env_json``);
+- the environment fingerprint of the device the row measured (``env_*`` columns and the whole
+  as ``env_json``; :func:`perfkit.env.fingerprint_columns`);
 - the raw samples the statistics came from (``*_samples_s`` list columns).
 
 Columns carry their unit in their name (``time_s``, ``flop_per_s``, ``peak_mem_bytes``); the
@@ -88,6 +89,9 @@ def _interactive_context() -> RunContext:
             results_path=out / "results" / f"{config_id}.parquet", config_id=config_id,
             interactive=True,
         )
+        # Said once per session, where a person sees it (the notebook's output): where the rows went.
+        print(f"perfkit: rows of this interactive session go to {_INTERACTIVE.results_path.resolve()} "
+              f"(set PERFKIT_OUT to choose the folder; perfkit.load({str(out.resolve())!r}) reads them)")
     return _INTERACTIVE
 
 
@@ -125,7 +129,7 @@ def _params_cell(value):
 
 
 def _complete(frame: pd.DataFrame, ctx: RunContext, status: str, reason: str | None) -> pd.DataFrame:
-    from .env import fingerprint, flat_columns
+    from .env import fingerprint_columns
 
     if status not in _status.STATUSES:
         raise BadInputError(f"status {status!r} is not one of {', '.join(_status.STATUSES)}")
@@ -142,8 +146,9 @@ def _complete(frame: pd.DataFrame, ctx: RunContext, status: str, reason: str | N
             frame[name] = _params_cell(value)
     frame["notebook"] = ctx.notebook
     frame["recorded_at"] = pd.Timestamp.now(tz="UTC")
-    for col, value in flat_columns(fingerprint()).items():
-        frame[col] = value
+    env = fingerprint_columns(frame)  # each row's fingerprint is of the device it measured
+    for col in env.columns:
+        frame[col] = env[col].to_numpy()
     return frame
 
 

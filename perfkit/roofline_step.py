@@ -14,6 +14,7 @@ plus the measured ones for the step's precision only, to keep a quick run quick)
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -21,6 +22,7 @@ import torch
 
 from .counting import count_ops, profile_op_times
 from .errors import BadInputError
+from .precision import math_mode
 from .roofline import join_counts_with_times
 from .timing import Measurement, measure
 
@@ -120,10 +122,28 @@ def profile_step(workload, batch_size: int, *, device: str = "cpu",
     """Count, profile and time one training step (zero grads, forward, loss, backward).
 
     The model is already on ``device`` in ``dtype`` (:func:`perfkit.workloads.build`); the batch
-    is drawn from ``seed``. No optimizer step: the roofline is of what autograd runs.
+    is drawn from ``seed``. No optimizer step: the roofline is of what autograd runs. The step
+    runs under :func:`perfkit.precision.math_mode` of its precision: fp32 matmuls *and* cuDNN
+    convolutions in IEEE fp32 (cuDNN's default allows TF32, which would put an fp32 point above
+    the fp32 roof), and on ``cuda:N`` with device N current, so the profiler's synchronizations
+    wait on the device the step runs on.
     """
     if profile_steps < 1:
         raise BadInputError(f"profile_steps must be >= 1, got {profile_steps!r}")
+    precision = next((name for name, d in PRECISIONS.items() if d == dtype), None)
+    if precision is None:
+        raise BadInputError(f"dtype {dtype} is not one a roofline step runs in; valid: "
+                            f"{', '.join(str(d) for d in PRECISIONS.values())}")
+    kind = str(device).split(":")[0]
+    on_device = (torch.cuda.device(torch.device(device)) if kind == "cuda"
+                 else contextlib.nullcontext())
+    with math_mode(precision), on_device:
+        return _profile_step(workload, batch_size, device=device, dtype=dtype,
+                             profile_steps=profile_steps, min_run_time_s=min_run_time_s, seed=seed)
+
+
+def _profile_step(workload, batch_size: int, *, device, dtype, profile_steps, min_run_time_s,
+                  seed) -> StepProfile:
     inputs, targets = workload.make_batch(batch_size, seed=seed, device=device, dtype=dtype)
     model, loss_fn = workload.model, workload.loss_fn
 

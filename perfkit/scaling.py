@@ -16,8 +16,10 @@ per_device_batch_size  scaling  samples per step per rank
 samples_per_s          optional throughput X of the point
 status                 optional rows whose status is not ``ok`` never serve as baselines
 <group_by columns>     scaling  the other settings (precision, model, ...) that must match
-compute_time_s         optional the same step with gradient synchronisation disabled
-rank_step_time_s       optional per-rank median step times, a list of world_size floats
+compute_time_s         optional the same step with gradient synchronisation disabled (per step
+                                the slowest rank, as for step_time_s)
+rank_compute_time_s    optional each rank's median compute-only step time, a list of
+                                world_size floats
 ====================== ======== ==============================================================
 
 :func:`scaling_efficiency` adds, against *both* one-device baselines (formulas.md, Scaling)
@@ -36,13 +38,29 @@ row's own parallelism at world_size 1, e.g. DDP on one rank, which isolates the 
   baseline was found; otherwise the ratios are NaN and the reason says what is missing. A missing
   baseline is never replaced by another row.
 
-:func:`step_breakdown` adds per point:
+:func:`step_breakdown` splits each step into three parts that add up to it::
+
+    step_time_s = typical_rank_compute_time_s + straggler_time_s + exposed_comm_time_s
 
 - ``exposed_comm_time_s`` = step_time_s − compute_time_s: the part of the step that gradient
-  synchronisation adds (communication not hidden behind backward, plus waiting for stragglers at
-  the collective). Negative values are kept: they mean noise exceeds the communication cost.
-- ``median_rank_step_time_s``, ``slowest_rank_step_time_s``, ``slowest_rank`` and
-  ``straggler_time_s`` = slowest − median rank: how long a typical rank idles for the slowest.
+  synchronisation adds, i.e. communication not hidden behind backward. Both times are the slowest
+  rank's per step, so a straggler's extra compute is in both and cancels. Negative values are
+  kept: they mean noise exceeds the communication cost.
+- ``slowest_rank``, ``slowest_rank_compute_time_s`` and ``median_other_ranks_compute_time_s``
+  (the median over the other ranks; for one rank, its own) from ``rank_compute_time_s``, and
+  ``straggler_time_s`` = slowest_rank_compute_time_s − median_other_ranks_compute_time_s (0 for
+  one rank): how long a typical rank idles at the collective waiting for the slowest one. The
+  median of the *other* ranks, not of all: with two ranks the median of all is the midpoint of
+  the two and would report half of the idle time.
+- ``typical_rank_compute_time_s`` = compute_time_s − straggler_time_s: the compute a typical rank
+  does per step.
+
+Why compute and not step times per rank: in synchronous data parallelism every rank waits for the
+others inside the gradient collective, so all ranks' *step* times are the same by construction
+and their spread says nothing about stragglers. The compute-only step (no gradient sync, see
+:mod:`perfkit.scaling_run`) lets each rank run at its own pace. Where that step still holds a
+collective (FSDP keeps its parameter all-gathers) the ranks wait there too, the straggler reads
+as ~0 and its extra time stays in ``compute_time_s``.
 
 Output columns are always present (NaN where an input is missing), so the schema does not depend
 on which optional inputs a table has.
@@ -215,16 +233,17 @@ def _rank_times(value, world_size: int) -> np.ndarray | None:
     times = np.asarray(value, dtype=float)
     if times.ndim != 1 or len(times) != world_size:
         raise BadInputError(
-            f"rank_step_time_s must hold one time per rank ({world_size}), "
+            f"rank_compute_time_s must hold one time per rank ({world_size}), "
             f"got {len(np.atleast_1d(times))}"
         )
     if not np.isfinite(times).all() or (times <= 0).any():
-        raise BadInputError(f"rank_step_time_s must be positive and finite, got {times.tolist()}")
+        raise BadInputError(
+            f"rank_compute_time_s must be positive and finite, got {times.tolist()}")
     return times
 
 
 def step_breakdown(points: pd.DataFrame) -> pd.DataFrame:
-    """Compute, exposed communication and straggler time of every point (module docstring)."""
+    """Typical compute, straggler idle and exposed communication per point (module docstring)."""
     _validate_common(points, "step_breakdown")
     df = points.copy()
     step = pd.to_numeric(df["step_time_s"]).astype(float)
@@ -238,7 +257,7 @@ def step_breakdown(points: pd.DataFrame) -> pd.DataFrame:
     df["exposed_comm_time_s"] = step - compute
 
     medians, slowest, slowest_rank = [], [], []
-    raw = df["rank_step_time_s"] if "rank_step_time_s" in df.columns else [None] * len(df)
+    raw = df["rank_compute_time_s"] if "rank_compute_time_s" in df.columns else [None] * len(df)
     for value, n in zip(raw, df["world_size"]):
         times = _rank_times(value, int(n))
         if times is None:
@@ -246,11 +265,15 @@ def step_breakdown(points: pd.DataFrame) -> pd.DataFrame:
             slowest.append(math.nan)
             slowest_rank.append(pd.NA)
         else:
-            medians.append(float(np.median(times)))
-            slowest.append(float(times.max()))
-            slowest_rank.append(int(times.argmax()))
-    df["median_rank_step_time_s"] = pd.Series(medians, index=df.index, dtype=float)
-    df["slowest_rank_step_time_s"] = pd.Series(slowest, index=df.index, dtype=float)
+            worst = int(times.argmax())
+            others = np.delete(times, worst) if len(times) > 1 else times
+            medians.append(float(np.median(others)))
+            slowest.append(float(times[worst]))
+            slowest_rank.append(worst)
     df["slowest_rank"] = pd.Series(slowest_rank, index=df.index, dtype="Int64")
-    df["straggler_time_s"] = df["slowest_rank_step_time_s"] - df["median_rank_step_time_s"]
+    df["slowest_rank_compute_time_s"] = pd.Series(slowest, index=df.index, dtype=float)
+    df["median_other_ranks_compute_time_s"] = pd.Series(medians, index=df.index, dtype=float)
+    df["straggler_time_s"] = (df["slowest_rank_compute_time_s"]
+                              - df["median_other_ranks_compute_time_s"])
+    df["typical_rank_compute_time_s"] = compute - df["straggler_time_s"]
     return df

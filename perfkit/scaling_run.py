@@ -5,14 +5,25 @@ it every rank runs the real training step (:func:`perfkit.training.train_rank`) 
 configuration, one run after the other in the same processes:
 
 1. as configured: the **step time** (per step the slowest rank, as :mod:`perfkit.training` does)
-   and each rank's own median step time (``rank_step_time_s``);
-2. with gradient synchronisation disabled: the **compute-only step** (``compute_time_s``, and
-   ``compute_time_method`` says how). DDP: ``require_backward_grad_sync = False``, the flag
+   and each rank's own median step time (``rank_step_time_s``; equal across ranks by
+   construction, since every rank waits for the others in the gradient collective);
+2. with gradient synchronisation disabled: the **compute-only step** (``compute_time_s``, per
+   step the slowest rank, and each rank's own median in ``rank_compute_time_s``, from which
+   :func:`perfkit.scaling.step_breakdown` takes the straggler time; ``compute_time_method`` says
+   how). DDP: ``require_backward_grad_sync = False``, the flag
    ``DistributedDataParallel.no_sync()`` sets, so backward launches no all-reduce and the rest of
    the step (optimizer included) is unchanged. FSDP2: ``set_requires_gradient_sync(False)``,
    which drops the gradient reduce-scatter, but the parameter all-gathers still run and, with no
    sharded gradients, the optimizer skips its update; so for FSDP ``step − compute`` is the
    gradient reduction plus the optimizer update, an upper bound on the exposed communication.
+
+Calibration: ``straggler_delay_s`` > 0 makes rank ``straggler_rank`` sleep that long at the start
+of every forward (extra compute, in the timed step, in both runs) in every launch with more than
+one rank, so the breakdown must report it as straggler time and not as exposed communication. The
+world-size-1 baselines stay undisturbed: with one rank there is no one to straggle behind. The
+sleep is on the host; on a GPU the device idles for it, as it would behind a slow data loader.
+Under FSDP the compute-only step keeps its all-gathers, where the other ranks wait for the slow
+one, so there the delay reads as compute, not as straggler time (:mod:`perfkit.scaling`).
 
 Both one-device baselines of formulas.md (Scaling) run in the world-size-1 launch: the plain
 module (parallelism ``none``) and the wrapper on one rank, so their times share one process.
@@ -32,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import time
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -71,6 +83,10 @@ class ScalingConfig:
     """CPU threads per rank (``OMP_NUM_THREADS``); None leaves torchrun's default."""
     timeout_s: float = 300.0
     """Deadline of each launch (one per world size)."""
+    straggler_rank: int = 0
+    """Calibration: the rank that ``straggler_delay_s`` slows down (at world sizes > 1)."""
+    straggler_delay_s: float = 0.0
+    """Calibration: extra compute time per step on ``straggler_rank``, in seconds; 0 is off."""
 
     def __post_init__(self):
         object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
@@ -95,6 +111,15 @@ class ScalingConfig:
             raise BadInputError(f"threads_per_rank must be >= 1, got {self.threads_per_rank}")
         if not self.timeout_s > 0:
             raise BadInputError(f"timeout_s must be positive, got {self.timeout_s}")
+        delay, rank = self.straggler_delay_s, self.straggler_rank
+        if (isinstance(delay, bool) or not isinstance(delay, (int, float))
+                or not 0 <= delay < math.inf):
+            raise BadInputError(f"straggler_delay_s must be seconds >= 0, got {delay!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise BadInputError(f"straggler_rank must be an int >= 0, got {rank!r}")
+        if delay > 0 and not any(n > 1 and rank < n for n in ws):
+            raise BadInputError(f"straggler_rank {rank} is not a rank of any world size > 1 in "
+                                f"world_sizes {list(ws)}: lower it or add a larger world size")
 
     def global_batch(self, world_size: int) -> int:
         return self.batch_size if self.mode == "strong" else self.batch_size * world_size
@@ -142,6 +167,40 @@ def _gradient_sync_disabled():
         parallel.wrap_ddp, parallel.apply_fsdp = wrap_ddp, apply_fsdp
 
 
+@contextlib.contextmanager
+def _straggling(delay_s: float):
+    """Make this rank a straggler: the model that :func:`train_rank` wraps sleeps ``delay_s`` at
+    the start of every forward, inside the timed step. Yields the list of wrappers it slowed
+    down, so a step that no longer wraps through :mod:`perfkit.parallel` fails loudly instead of
+    running without the delay."""
+    slowed: list[str] = []
+    wrap_ddp, apply_fsdp = parallel.wrap_ddp, parallel.apply_fsdp
+
+    def sleep_first(module, args):
+        time.sleep(delay_s)
+
+    def slowing(wrap, name):
+        def wrapped(*args, **kwargs):
+            model = wrap(*args, **kwargs)
+            model.register_forward_pre_hook(sleep_first)
+            slowed.append(name)
+            return model
+        return wrapped
+
+    parallel.wrap_ddp, parallel.apply_fsdp = slowing(wrap_ddp, "ddp"), slowing(apply_fsdp, "fsdp")
+    try:
+        yield slowed
+    finally:
+        parallel.wrap_ddp, parallel.apply_fsdp = wrap_ddp, apply_fsdp
+
+
+def _is_straggler(config: dict, point: dict) -> bool:
+    import torch.distributed as dist
+
+    return (config.get("straggler_delay_s", 0.0) > 0 and point["world_size"] > 1
+            and dist.get_rank() == config["straggler_rank"])
+
+
 def _rank_summary(result: dict) -> dict:
     keep = ("step_time_samples_s", "losses", "peak_mem_bytes", "peak_mem_kind", "n_params",
             "device")
@@ -150,18 +209,26 @@ def _rank_summary(result: dict) -> dict:
 
 def scaling_rank(config: dict) -> dict:
     """:func:`perfkit.launch.launch` target: every point of ``config["points"]`` (TrainConfig
-    dicts), each synchronised then without gradient sync (wrapped points only)."""
+    dicts), each synchronised then without gradient sync (wrapped points only), the
+    ``straggler_rank`` slowed by ``straggler_delay_s`` per step where it applies."""
     out = []
     for point in config["points"]:
-        synced = _rank_summary(train_rank(point))
-        compute = None
-        if point["parallelism"] != "none":
-            with _gradient_sync_disabled() as switched:
-                compute = _rank_summary(train_rank(point))
-            if switched != [point["parallelism"]]:
-                raise RuntimeError(
-                    f"the compute-only run of {point['parallelism']} switched {switched}: the "
-                    "training step no longer wraps through perfkit.parallel")
+        straggler = _is_straggler(config, point)
+        with (_straggling(config["straggler_delay_s"]) if straggler
+              else contextlib.nullcontext([])) as slowed:
+            synced = _rank_summary(train_rank(point))
+            compute = None
+            if point["parallelism"] != "none":
+                with _gradient_sync_disabled() as switched:
+                    compute = _rank_summary(train_rank(point))
+                if switched != [point["parallelism"]]:
+                    raise RuntimeError(
+                        f"the compute-only run of {point['parallelism']} switched {switched}: the "
+                        "training step no longer wraps through perfkit.parallel")
+        if straggler and slowed != [point["parallelism"]] * 2:
+            raise RuntimeError(f"the straggler delay slowed {slowed}, not both runs of "
+                               f"{point['parallelism']}: the training step no longer wraps "
+                               "through perfkit.parallel")
         out.append({"synced": synced, "compute": compute})
     return {"points": out}
 
@@ -181,7 +248,8 @@ def _base_row(cfg: ScalingConfig, point: TrainConfig) -> dict:
     return {
         **point.as_row(), "status": OK, "reason": None, "mode": cfg.mode,
         "global_batch_size": point.batch_size, "per_device_batch_size": per_device,
-        "threads_per_rank": cfg.threads_per_rank,
+        "threads_per_rank": cfg.threads_per_rank, "straggler_rank": cfg.straggler_rank,
+        "straggler_delay_s": cfg.straggler_delay_s,
     }
 
 
@@ -247,7 +315,9 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
             rows += [_empty_row(cfg, p, SKIPPED, skipped.reason) for p in points]
             continue
         result = launch("perfkit.scaling_run:scaling_rank",
-                        {"points": [p.as_dict() for p in points]}, world_size=n,
+                        {"points": [p.as_dict() for p in points],
+                         "straggler_rank": cfg.straggler_rank,
+                         "straggler_delay_s": float(cfg.straggler_delay_s)}, world_size=n,
                         backend="nccl" if device == "cuda" else "gloo", timeout_s=cfg.timeout_s,
                         env=env, device=device)
         if not result.ok:

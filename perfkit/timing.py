@@ -105,21 +105,23 @@ class Measurement:
 
 
 class _BlockTimer:
-    """Times a block of calls; ``host`` uses a clock + synchronize, ``cuda`` uses device events."""
+    """Times a block of calls: with ``hooks.new_event`` (CUDA/ROCm) by device events recorded on
+    the work's device, else by ``clock`` between two synchronizations."""
 
-    def __init__(self, clock: Callable[[], float], synchronize: Callable[[], None], device_events):
+    def __init__(self, clock: Callable[[], float], synchronize: Callable[[], None],
+                 hooks: "_DeviceHooks"):
         self._clock = clock
         self._synchronize = synchronize
-        self._events = device_events
+        self._hooks = hooks
 
     def __call__(self, fn: Callable[[], object], calls: int) -> float:
-        if self._events is not None:
-            start, end = self._events(enable_timing=True), self._events(enable_timing=True)
+        if self._hooks.new_event is not None:
+            start, end = self._hooks.new_event(), self._hooks.new_event()
             self._synchronize()
-            start.record()
+            self._hooks.record(start)
             for _ in range(calls):
                 fn()
-            end.record()
+            self._hooks.record(end)
             end.synchronize()
             return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
         self._synchronize()
@@ -130,14 +132,44 @@ class _BlockTimer:
         return self._clock() - t0
 
 
-def _device_hooks(device) -> tuple[Callable[[], None], object]:
-    """Synchronize function and event class for ``device`` (a str or ``torch.device``)."""
-    kind = str(device).split(":")[0] if device is not None else "cpu"
-    if kind == "cuda":  # also ROCm/HIP: torch exposes HIP devices as "cuda"
-        import torch
+@dataclass(frozen=True)
+class _DeviceHooks:
+    """How the timer waits for, and times, work on one device."""
 
-        return torch.cuda.synchronize, torch.cuda.Event
-    return (lambda: None), None
+    synchronize: Callable[[], None]
+    """Waits until the device is idle (on CPU: nothing to wait for)."""
+    new_event: Callable[[], object] | None = None
+    """A timing event (``torch.cuda.Event(enable_timing=True)``), or None to time by the clock."""
+    record: Callable[[object], None] = lambda event: None
+    """Records an event on the current stream of the device the work runs on."""
+
+
+def _device_index(device, cuda) -> int:
+    """``cuda:N`` → N; a bare ``cuda`` is the current device, as torch resolves it."""
+    _, _, index = str(device).partition(":")
+    return int(index) if index else cuda.current_device()
+
+
+def _device_hooks(device) -> _DeviceHooks:
+    """Synchronization and events for ``device`` (a str or ``torch.device``).
+
+    On ``cuda:N`` both are bound to device N: ``torch.cuda.synchronize()`` without a device
+    waits on the *current* device, and an event recorded without a stream goes on the current
+    device's stream; timing work on ``cuda:1`` while device 0 is current would wait on and time
+    device 0 (ROCm/HIP devices are ``cuda`` in torch too).
+    """
+    kind = str(device).split(":")[0] if device is not None else "cpu"
+    if kind != "cuda":
+        return _DeviceHooks(synchronize=lambda: None)
+    import torch
+
+    cuda = torch.cuda
+    index = _device_index(device, cuda)
+    return _DeviceHooks(
+        synchronize=lambda: cuda.synchronize(index),
+        new_event=lambda: cuda.Event(enable_timing=True),
+        record=lambda event: event.record(cuda.current_stream(index)),
+    )
 
 
 def measure(
@@ -163,16 +195,17 @@ def measure(
     - Samples: blocks until their total reaches ``min_run_time_s`` (at least 3 samples, so an IQR
       exists), capped at ``max_samples``.
 
-    ``device`` selects synchronization (``"cuda"``: ``torch.cuda.synchronize`` and CUDA events;
+    ``device`` selects synchronization (``"cuda:N"``: ``torch.cuda.synchronize(N)`` and CUDA
+    events recorded on device N's current stream, bare ``"cuda"`` meaning the current device;
     anything else: none). ``clock`` and ``synchronize`` override the host clock and the
     synchronization (tests pass a fake clock; device events are then not used).
     """
     if min_run_time_s <= 0 or min_block_time_s <= 0:
         raise ValueError("min_run_time_s and min_block_time_s must be positive")
-    default_sync, events = _device_hooks(device)
+    hooks = _device_hooks(device)
     if synchronize is not None or clock is not time.perf_counter:
-        events = None  # an injected clock must be the one that is read
-    timer = _BlockTimer(clock, synchronize or default_sync, events)
+        hooks = _DeviceHooks(synchronize=hooks.synchronize)  # an injected clock must be read
+    timer = _BlockTimer(clock, synchronize or hooks.synchronize, hooks)
 
     # Warm-up. With ``warmup_calls`` given, exactly that many calls. By default it is time-based:
     # calls until ``min_warmup_s`` has passed (and at least two). A call count alone is not enough:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from torch import nn
 
-from perfkit import mfu, parallel, workloads
+from perfkit import mfu, parallel, precision, workloads
 from perfkit.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.status import OK, OOM, SKIPPED, status_for_error
 from perfkit.timing import Measurement
@@ -217,9 +217,11 @@ def check_supported(cfg: TrainConfig) -> None:
             # fp8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards.
             if cfg.precision == "fp8" and capability < (8, 9):
                 raise ConfigurationSkipped(f"fp8 needs sm_89+, device is {sm}")
-        elif cfg.precision in ("tf32", "fp8") and not arch.startswith(("gfx94", "gfx95")):
-            raise ConfigurationSkipped(
-                f"{cfg.precision} on ROCm needs MI300 (gfx94x) or later, device is {arch}")
+        # ROCm: tf32 needs torch >= 2.7 and MI300+; fp8 an arch with an e4m3 variant.
+        elif cfg.precision == "tf32" and (reason := precision.rocm_tf32_reason(arch)):
+            raise ConfigurationSkipped(reason)
+        elif cfg.precision == "fp8" and (reason := precision.fp8_reason(arch)):
+            raise ConfigurationSkipped(reason)
         if cfg.precision in ("bf16", "bf16-pure") and not torch.cuda.is_bf16_supported():
             raise ConfigurationSkipped("this GPU has no bfloat16 support")
     if cfg.precision == "fp8":
@@ -277,20 +279,6 @@ def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloa
     return model, work
 
 
-@contextlib.contextmanager
-def _matmul_precision(precision: str):
-    # tf32 is process-global state: set it for this run only, and off otherwise (cuDNN's
-    # default lets fp32 convolutions use tf32, which would make "fp32" mean tf32).
-    previous = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous[0])
-        torch.backends.cudnn.allow_tf32 = previous[1]
-
-
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -323,6 +311,7 @@ def _count_reason(cfg: TrainConfig) -> str | None:
 def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     """Train ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
     from perfkit.counting import OpCounter, coverage
+    from perfkit.cpu_share import cpu_share
     from perfkit.devices import detect
 
     device = torch.device(_resolve_device(cfg))
@@ -336,7 +325,9 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
     losses, samples_s, counted = [], [], None
-    with _matmul_precision(cfg.precision):
+    # One precision policy (perfkit.precision): fp32 matmuls and cuDNN convolutions IEEE unless
+    # cfg.precision is tf32; on ROCm tf32 also sets HIPBLASLT_ALLOW_TF32 for the run.
+    with precision.math_mode(cfg.precision):
         for step in range(cfg.steps):
             inputs, target = _batch(cfg, work, step, ctx, device)
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
@@ -373,7 +364,10 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
             "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
             "uncounted_ops": uncounted, "device": device.type, "device_kind": info.kind,
-            "device_name": info.name, "grad_scale": scaler.get_scale() if scaler else math.nan}
+            "device_name": info.name, "grad_scale": scaler.get_scale() if scaler else math.nan,
+            # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
+            "device_compute_units": info.compute_units,
+            "cpu_share": cpu_share().as_dict() if device.type == "cpu" else None}
 
 
 def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
@@ -395,9 +389,12 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
     step_s = timing["step_time_s"]
     tokens = (cfg.batch_size * first["tokens_per_sample"] if first["tokens_per_sample"]
               else math.nan)
-    # One GPU per rank (peak × world_size); on a CPU the ranks share the cores of one peak.
+    # One GPU per rank (peak × world_size); on a CPU the peak of the physical cores the ranks'
+    # affinity and threads gave them (perfkit.mfu).
     peak = mfu.peak_flop_per_s(device_kind=first["device_kind"], device_name=first["device_name"],
-                               precision=cfg.precision, devices=cfg.world_size)
+                               precision=cfg.precision, devices=cfg.world_size,
+                               compute_units=first.get("device_compute_units"),
+                               cpu_shares=[r["cpu_share"] for r in rank_results if r.get("cpu_share")])
     model_flop = float(first["flop_per_sample"] * cfg.batch_size)
     counted_flop, counted_reason = _counted_step_flop(cfg, rank_results)
     return {
@@ -411,6 +408,7 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "model_flop_per_s": model_flop / step_s,
         "peak_flop_per_s": peak.flop_per_s,
         "peak_source": peak.source,
+        "cpu_threads": peak.cpu_threads, "cpu_cores_counted": peak.cpu_cores,
         "mfu": mfu.utilisation(model_flop, step_s, peak),
         "mfu_convention": mfu.mfu_convention(cfg.model, peak),
         "mfu_reason": peak.reason,

@@ -56,7 +56,7 @@ def sweep_panel(notebook: str | Path, out_dir: str | Path, *, workers: int = 1):
     run = w.Button(description="Run sweep", button_style="primary", icon="play")
     bar = w.IntProgress(value=0, min=0, max=1, description="0 / 0", layout=w.Layout(width="60%"))
     status = w.HTML()
-    out = w.Output()
+    results = w.HTML()  # set from the sweep's thread: an Output widget's capture does not work there
 
     def on_click(_):
         from .errors import BadInputError
@@ -89,8 +89,7 @@ def sweep_panel(notebook: str | Path, out_dir: str | Path, *, workers: int = 1):
         def go():
             try:
                 result = run_configs(configs, out_dir, workers=workers, on_start=on_start, on_outcome=on_outcome)
-                with out:
-                    print(f"done in {result.wall_time_s:.1f} s: {dict(result.counts())} → {result.out_dir}")
+                results.value = _results_html(result, list(grid))
             except Exception as exc:  # noqa: BLE001 - show it in the panel, keep the kernel alive
                 status.value = f"<b style='color:#b00'>{html.escape(f'{type(exc).__name__}: {exc}')}</b>"
             finally:
@@ -101,7 +100,22 @@ def sweep_panel(notebook: str | Path, out_dir: str | Path, *, workers: int = 1):
     run.on_click(on_click)
     help_text = w.HTML("<p>Each field holds the value(s) to run; several values separated by "
                        "<code>;</code> are swept (their cartesian product).</p>")
-    return w.VBox([help_text, *fields.values(), run, bar, status, out])
+    return w.VBox([help_text, *fields.values(), run, bar, status, results])
+
+
+def _results_html(result, swept: list[str]) -> str:
+    """The finished sweep: its counts and where it wrote, and its rows (swept settings, status)."""
+    from .results import load
+
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.counts().items()))
+    head = (f"<p>done in {result.wall_time_s:.1f} s ({html.escape(counts)}) &rarr; "
+            f"<code>{html.escape(str(result.out_dir))}</code></p>")
+    try:
+        rows = load(result.out_dir)
+    except Exception as exc:  # noqa: BLE001 - the summary above stays useful without the table
+        return head + f"<p>rows not readable: {html.escape(str(exc))}</p>"
+    cols = [c for c in ["config_id", *swept, "status", "reason"] if c in rows]
+    return head + rows[cols].tail(50).fillna("").to_html(index=False, escape=True)
 
 
 def _static_parameters_table(spec) -> pd.DataFrame:

@@ -38,6 +38,21 @@ def pytest_unconfigure(config):
             print(f"\nstopped the one-node Slurm this test session started:\n{out.strip()}")
 
 
+def pytest_collection_modifyitems(config, items):
+    # Tests marked `gpu` need a CUDA/ROCm device: on a machine without one they skip and say so
+    # (benchmarks/gpu_check.sh runs them on a GPU node).
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA/ROCm GPU: torch.cuda.is_available() is False here "
+                                       "(a GPU node runs these with benchmarks/gpu_check.sh)")
+        for item in gpu_tests:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def reference_dir():
     if not REFERENCE.is_dir():

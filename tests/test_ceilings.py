@@ -250,13 +250,33 @@ def test_matmul_throughput_counts_2mnk():
 
 
 def test_fp32_means_ieee_while_measuring_and_user_settings_come_back():
+    from perfkit import precision
+
     mkldnn = torch.backends.mkldnn.matmul
     before = mkldnn.fp32_precision
     mkldnn.fp32_precision = "bf16"  # a user who let oneDNN run fp32 matmuls in bf16
     try:
-        with ceilings._fp32_precision("ieee"):
+        with precision.math_mode("fp32"):
             assert mkldnn.fp32_precision == "ieee"
             assert torch.backends.cuda.matmul.fp32_precision == "ieee"
         assert mkldnn.fp32_precision == "bf16"
     finally:
         mkldnn.fp32_precision = before
+
+
+def test_without_shapes_the_sizes_are_searched_and_the_ceiling_names_the_winner(monkeypatch):
+    # Small bounds keep it cheap; the search itself is tested on made-up surfaces in test_shape_search.
+    monkeypatch.setitem(ceilings._SEARCH, ("cpu", True), (64, 256, 1.0))
+    monkeypatch.setitem(ceilings._CPU_START_N, "fp32", 128)
+    rows = ceilings.measure_matmul_throughput("cpu", dtypes=["fp32"], min_run_time_s=0.01)
+    assert rows["searched"].all() and len(rows) >= 3  # the start, and at least two steps from it
+    assert {(128, 128, 128), (256, 256, 256)} <= set(zip(rows["m"], rows["n"], rows["k"]))
+    monkeypatch.setattr(ceilings, "measure_matmul_throughput", lambda *a, **k: rows)
+    table = measure_ceilings("cpu", dtypes=["fp32"], curve=pd.DataFrame(
+        {"kernel": ["triad"] * 4, "threads": 1, "backend": "cpp",
+         "working_set_bytes": [16 * KiB, 32 * KiB, 64 * KiB, 128 * KiB], "bytes_per_s": [1e11] * 4}))
+    fp32 = table[table["kind"] == "compute"].iloc[0]
+    best = rows.loc[rows["flop_per_s"].idxmax()]
+    assert (fp32["m"], fp32["n"], fp32["k"]) == (best["m"], best["n"], best["k"])
+    assert fp32["value"] == best["flop_per_s"]
+    assert f"searched shapes (best {best['m']}x{best['n']}x{best['k']})" in fp32["source"]

@@ -96,6 +96,22 @@ def test_peaks_json_lists_measured_and_theoretical_ceilings(tmp_path):
     assert all(c["dtype"] in {"fp64", "fp32", "bf16"} and c["unit"] == "FLOP/s" and c["value"] > 0 for c in compute)
     assert memory and all(c["level"] in {"L1", "L2", "L3", "DRAM"} and c["unit"] == "bytes/s" for c in memory)
     assert all(c["value"] > 0 for c in memory)
+    # the measured compute ceilings say which searched matmul shape reached them
+    assert all(c["m"] > 0 and c["n"] > 0 and c["k"] > 0 and "searched shapes" in c["source"]
+               for c in compute if c["origin"] == "measured")
     # ...and they were recorded as rows
     rows = perfkit.load(tmp_path)
     assert set(rows["workload"]) == {"ceiling"} and len(rows) == len(ceilings)
+
+
+@pytest.mark.parametrize("blocked", ["perfkit.sweep.engine", "perfkit.sweep.cli"])
+def test_an_import_error_in_the_sweep_commands_surfaces(blocked):
+    # A None entry in sys.modules makes `import NAME` raise ImportError (ModuleNotFoundError), as
+    # a broken module or a missing dependency would. The CLI must show it, not quietly lose
+    # `sweep` and `new`.
+    code = (f"import sys; sys.modules[{blocked!r}] = None; "
+            "from perfkit.cli import main; sys.exit(main(['sweep', '--help']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "Traceback" in out.stderr and "ModuleNotFoundError" in out.stderr and blocked in out.stderr
+    assert "invalid choice" not in out.stderr

@@ -1,13 +1,19 @@
-"""Collectives: nccl-tests busbw factors, every op on 2 real gloo ranks with a correctness check,
-the check catching a corrupted result, and a rank dying mid-benchmark through launch()."""
+"""Collectives: nccl-tests busbw factors and time convention, every op on 2 real gloo ranks with a
+correctness check, the check catching a corrupted result, the nccl knob check in its own logged
+pass, and a rank dying mid-benchmark through launch()."""
 
 from __future__ import annotations
 
 import json
+import os
+import statistics
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+import perfkit.collectives
+from perfkit.collective_timing import reduce_times
 from perfkit.collectives import (
     COLLECTIVES, CollectivesConfig, busbw_factor, message_bytes, reduce_rank_results, run_collectives,
 )
@@ -56,6 +62,7 @@ def test_message_bytes_counts_every_rank_chunk_only_for_per_rank_ops():
     (dict(backend="mpi"), "backend"),
     (dict(ops=("broadcast",), corrupt=("all_reduce",)), "corrupt"),
     (dict(iters=0), "iters"),
+    (dict(knob_check_pass="inline"), "knob_check_pass must be one of"),
 ])
 def test_config_rejects_bad_input(kwargs, fragment):
     with pytest.raises(BadInputError, match=fragment):
@@ -98,10 +105,15 @@ def test_rows_follow_nccl_tests_sizes_and_bandwidth(clean_run):
     ar = df[df["op"] == "all_reduce"].sort_values("size_bytes")
     assert ar["count"].tolist() == [16, 128, 1024]
     for _, row in df.iterrows():
-        assert row["time_s"] == max(row["rank_median_time_s"])
-        assert row["time_s"] == pytest.approx(pd.Series(row["time_samples_s"]).median())
+        # nccl-tests' default: each rank's loop time / iters, averaged over ranks
+        assert row["time_s"] == pytest.approx(statistics.fmean(row["rank_time_s"]))
         assert len(row["rank_time_samples_s"]) == 2
         assert all(len(s) == _SMALL["iters"] for s in row["rank_time_samples_s"])
+        for loop_s, samples in zip(row["rank_time_s"], row["rank_time_samples_s"]):
+            assert loop_s == pytest.approx(sum(samples) / _SMALL["iters"])  # CPU: boundary clock reads
+        assert statistics.fmean(row["time_samples_s"]) == pytest.approx(row["time_s"])
+        assert row["time_max_over_ranks_s"] == max(row["rank_time_s"])
+        assert row["time_median_max_over_ranks_s"] == max(row["rank_median_time_s"])
         assert row["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / row["time_s"])
         assert row["busbw_bytes_per_s"] == pytest.approx(
             row["algbw_bytes_per_s"] * busbw_factor(row["op"], 2))
@@ -112,6 +124,9 @@ def test_gloo_rows_record_knobs_and_say_check_not_verifiable(clean_run):
     assert set(df["knobs"]) == {json.dumps({"GLOO_SOCKET_IFNAME": "lo", "NCCL_ALGO": "Ring"}, sort_keys=True)}
     assert (df["knob_check"] == "not_verifiable").all()
     assert df["algo_observed"].isna().all()
+    assert (df["knob_check_pass"] == "separate").all()
+    if "NCCL_DEBUG" not in os.environ:
+        assert df["timed_nccl_debug"].isna().all()  # what the ranks' timed loop saw
 
 
 def test_check_catches_a_deliberately_corrupted_result():
@@ -126,24 +141,55 @@ def test_check_catches_a_deliberately_corrupted_result():
     assert df[df["op"] == "all_reduce"]["count"].tolist() == [32]  # 64 bytes of 2-byte elements
 
 
-def _rank_result(rank, samples, wrong=0, op="all_reduce", size=4096):
-    return {"rank": rank, "world_size": 2, "backend": "gloo", "device": "cpu", "dtype": "float32",
+def _rank_result(rank, samples, wrong=0, op="all_reduce", size=4096, loop_s=None, n=2, nccl_debug=None):
+    return {"rank": rank, "world_size": n, "backend": "gloo", "device": "cpu", "dtype": "float32",
+            "nccl_debug": nccl_debug,
             "entries": [{"op": op, "inplace": True, "count": size // 4, "size_bytes": size,
+                         "loop_time_s": sum(samples) if loop_s is None else loop_s,
                          "samples_s": samples, "wrong_elements": wrong}]}
 
 
-def test_reduction_takes_max_over_ranks_of_median_and_keeps_samples():
+def test_time_is_nccl_tests_default_mean_over_ranks_of_loop_time_per_iteration():
+    # nccl-tests src/common.cu BenchTime: deltaSec = loop wall time / iters on each rank, then
+    # Allreduce(..., average) with average = 1 (the default of -a): the mean over ranks. The loop
+    # time is the host clock over the whole loop, which on GPU exceeds the sum of event samples.
     cfg = CollectivesConfig(world_size=2)
-    ranks = [_rank_result(0, [1.0, 2.0, 9.0]), _rank_result(1, [3.0, 3.0, 4.0], wrong=2)]
+    ranks = [_rank_result(0, [1.0, 2.0, 9.0], loop_s=12.6),
+             _rank_result(1, [3.0, 3.0, 4.0], wrong=2, loop_s=10.2)]
     row = reduce_rank_results(ranks, cfg).iloc[0]
+    assert row["rank_time_s"] == pytest.approx([4.2, 3.4])
+    assert row["time_s"] == pytest.approx(3.8)  # (4.2 + 3.4) / 2
+    assert "nccl-tests -a 1" in row["time_convention"]
+    # bandwidths from the averaged time (nccl-tests getBw(deltaSec)), not averaged bandwidths
+    assert row["algbw_bytes_per_s"] == pytest.approx(4096 / 3.8)
+    assert row["algbw_bytes_per_s"] != pytest.approx((4096 / 4.2 + 4096 / 3.4) / 2)
+    assert row["busbw_bytes_per_s"] == pytest.approx(4096 / 3.8 * 1.0)  # 2(n-1)/n = 1 at n = 2
+    # the other views, kept beside it
+    assert row["time_max_over_ranks_s"] == pytest.approx(4.2) and row["slowest_rank"] == 0  # -a 3
     assert row["rank_median_time_s"] == [2.0, 3.0]
-    assert row["time_s"] == 3.0 and row["slowest_rank"] == 1
-    assert row["time_mean_s"] == 4.0  # rank 0's mean: the max of the per-rank means
-    assert row["time_samples_s"] == [3.0, 3.0, 4.0]
+    assert row["time_median_max_over_ranks_s"] == 3.0  # perfkit's t before it followed nccl-tests
+    assert row["time_samples_s"] == [2.0, 2.5, 6.5]  # per iteration, mean over ranks
+    assert row["time_median_s"] == 2.5 and row["noisy"]
     assert row["rank_time_samples_s"] == [[1.0, 2.0, 9.0], [3.0, 3.0, 4.0]]
-    assert row["algbw_bytes_per_s"] == pytest.approx(4096 / 3.0)
-    assert row["busbw_bytes_per_s"] == pytest.approx(4096 / 3.0 * 1.0)  # 2(n-1)/n = 1 at n = 2
-    assert row["wrong_elements"] == 2
+    assert row["iters"] == 3 and row["wrong_elements"] == 2
+
+
+def test_time_convention_on_four_ranks_with_a_per_rank_chunk_op():
+    cfg = CollectivesConfig(world_size=4, ops=("all_gather",))
+    loops = [0.004, 0.005, 0.006, 0.009]  # seconds for 2 iterations
+    ranks = [_rank_result(r, [loop / 2] * 2, op="all_gather", size=1 << 20, loop_s=loop, n=4)
+             for r, loop in enumerate(loops)]
+    row = reduce_rank_results(ranks, cfg).iloc[0]
+    t = statistics.fmean(loop / 2 for loop in loops)  # 0.003
+    assert row["time_s"] == pytest.approx(t)
+    assert row["busbw_bytes_per_s"] == pytest.approx((1 << 20) / t * 3 / 4)  # (n-1)/n
+    assert row["time_max_over_ranks_s"] == pytest.approx(0.0045) and row["slowest_rank"] == 3
+
+
+def test_reduce_times_rejects_ranks_with_different_iterations():
+    with pytest.raises(BadInputError, match="different or no iterations"):
+        reduce_times([{"loop_time_s": 2.0, "samples_s": [1.0, 1.0]},
+                      {"loop_time_s": 1.0, "samples_s": [1.0]}])
 
 
 def test_reduction_rejects_ranks_that_disagree():
@@ -182,31 +228,86 @@ def test_nccl_p2p_rows_are_unverifiable_for_algo():
     assert row["knob_check"] == "unverifiable"
 
 
-def test_run_collectives_raises_execution_failed_on_a_failed_launch(monkeypatch):
+def _fake_launch(monkeypatch, status="ok"):
+    """Replace perfkit.launch.launch; return the list of calls it receives. The knob check pass
+    gets rank 0's TUNING log; the timed launch gets rank results that report the NCCL_DEBUG their
+    environment held."""
     import perfkit.launch
 
-    seen = {}
+    calls = []
 
     def fake_launch(target, config, **kwargs):
-        seen.update(kwargs, target=target)
-        return LaunchResult(status="killed", rank_results=(None, None), error="rank 1 killed by signal SIGKILL",
-                            failed_rank=1, rank_logs=("", ""), wall_time_s=1.0)
+        calls.append({**kwargs, "target": target, "config": config})
+        if status != "ok":
+            return LaunchResult(status=status, rank_results=(None, None), error="rank 1 killed by signal SIGKILL",
+                                failed_rank=1, rank_logs=("", ""), wall_time_s=1.0)
+        if target.endswith(":knob_pass_rank"):
+            logs = (_RANK0_LOG.format(algo="RING"), "h:2:2 [1] NCCL INFO NCCL_ALGO set by environment to Ring\n")
+            return LaunchResult(status="ok", rank_results=({"rank": 0, "points": 1}, {"rank": 1, "points": 1}),
+                                error=None, failed_rank=None, rank_logs=logs, wall_time_s=1.0)
+        ranks = tuple(_rank_result(r, [1e-3], nccl_debug=kwargs["env"].get("NCCL_DEBUG")) for r in (0, 1))
+        return LaunchResult(status="ok", rank_results=ranks, error=None, failed_rank=None,
+                            rank_logs=("", ""), wall_time_s=1.0)
 
     monkeypatch.setattr(perfkit.launch, "launch", fake_launch)
-    cfg = CollectivesConfig(backend="nccl", env={"NCCL_PROTO": "Simple"})
+    return calls
+
+
+def test_nccl_knobs_are_checked_in_a_separate_logged_pass_and_timed_without_logging(monkeypatch):
+    calls = _fake_launch(monkeypatch)
+    clock = iter([1000.0, 1100.0, 1100.0, 1100.0])  # the check pass takes 100 s of the one deadline
+    monkeypatch.setattr(perfkit.collectives, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    knobs = {"NCCL_ALGO": "Ring", "NCCL_DEBUG_SUBSYS": "COLL"}
+    cfg = CollectivesConfig(backend="nccl", ops=("all_reduce",), env=knobs, timeout_s=300)
+    row = run_collectives(cfg).iloc[0]
+    check_pass, timed = calls
+    assert check_pass["target"] == "perfkit.collectives:knob_pass_rank"
+    assert timed["target"] == "perfkit.collectives:collectives_rank"
+    # the check pass logs, with the subsystems the check needs and the user's own kept
+    assert check_pass["env"]["NCCL_DEBUG"] == "INFO" and check_pass["env"]["NCCL_ALGO"] == "Ring"
+    assert check_pass["env"]["NCCL_DEBUG_SUBSYS"].split(",") == ["COLL", "INIT", "ENV", "TUNING"]
+    # the timed launch gets the knobs and no NCCL debug variable at all
+    assert timed["env"] == {"NCCL_ALGO": "Ring"}
+    assert row["timed_nccl_debug"] is None
+    assert timed["device"] == "cuda" and timed["backend"] == "nccl"
+    assert check_pass["timeout_s"] == 300 and timed["timeout_s"] == pytest.approx(200)  # one deadline
+    # the verdict comes from the check pass's logs
+    assert row["knob_check"] == "honoured" and row["algo_observed"] == "RING"
+    assert row["knob_check_pass"] == "separate"
+
+
+def test_the_knob_check_pass_runs_every_point_once_on_real_ranks():
+    # The pass's rank target is backend-agnostic: on gloo it shows every point is reached.
+    cfg = CollectivesConfig(**_SMALL, ops=("all_reduce", "all_gather"))
+    result = launch("perfkit.collectives:knob_pass_rank", cfg.to_dict(), world_size=2, backend="gloo",
+                    timeout_s=cfg.timeout_s)
+    assert result.ok, result.error
+    assert [r["points"] for r in result.rank_results] == [3 * 3, 3 * 3]  # (1 + 2 forms) × 3 sizes
+
+
+def test_knob_check_pass_off_runs_one_launch_with_the_knobs_as_given(monkeypatch):
+    calls = _fake_launch(monkeypatch)
+    cfg = CollectivesConfig(backend="nccl", ops=("all_reduce",), env={"NCCL_PROTO": "Simple"},
+                            knob_check_pass="off")
+    row = run_collectives(cfg).iloc[0]
+    assert [c["target"] for c in calls] == ["perfkit.collectives:collectives_rank"]
+    assert calls[0]["env"] == {"NCCL_PROTO": "Simple"}
+    assert row["knob_check"] == "not_checked" and row["knob_check_pass"] == "off"
+
+
+def test_run_collectives_raises_execution_failed_on_a_failed_launch(monkeypatch):
+    calls = _fake_launch(monkeypatch, status="killed")
     with pytest.raises(ExecutionFailed) as info:
-        run_collectives(cfg)
+        run_collectives(CollectivesConfig(backend="nccl", env={"NCCL_PROTO": "Simple"}))
     assert info.value.status == "killed" and "SIGKILL" in info.value.message
-    assert seen["target"] == "perfkit.collectives:collectives_rank"
-    assert seen["device"] == "cuda" and seen["backend"] == "nccl"
-    # knobs reach the ranks, with the debug variables the knob check needs
-    assert seen["env"]["NCCL_PROTO"] == "Simple" and seen["env"]["NCCL_DEBUG"] == "INFO"
-    assert "TUNING" in seen["env"]["NCCL_DEBUG_SUBSYS"].split(",")
-    # a subsystem the user asked for is kept
-    run = CollectivesConfig(backend="nccl", env={"NCCL_DEBUG_SUBSYS": "COLL"})
-    with pytest.raises(ExecutionFailed):
-        run_collectives(run)
-    assert seen["env"]["NCCL_DEBUG_SUBSYS"].split(",") == ["COLL", "INIT", "ENV", "TUNING"]
+    assert info.value.message.startswith("knob check pass, rank 1:")
+    assert len(calls) == 1  # nothing is timed after a failed check pass
+    calls.clear()
+    with pytest.raises(ExecutionFailed) as info:
+        run_collectives(CollectivesConfig(backend="gloo"))
+    assert info.value.message.startswith("timed launch, rank 1:")
+    assert [c["target"] for c in calls] == ["perfkit.collectives:collectives_rank"]  # no pass on gloo
+    assert calls[0]["device"] == "cpu"
 
 
 def _sabotaged(target, timeout_s):

@@ -50,7 +50,7 @@ def _fit_curves(overlay):
 
 @pytest.mark.slow
 def test_notebook_records_correct_collective_rows_and_its_plots_build(tmp_path):
-    outcome, df = _execute(tmp_path, "coll-gloo", **TINY, knobs={"GLOO_SOCKET_IFNAME": "lo"})
+    outcome, df = _execute(tmp_path, "coll-gloo", **TINY, knobs={"GLOO_SOCKET_IFNAME": "lo"}, knob_check_pass="off")
     assert outcome.status == "ok", (outcome.error_name, outcome.message)
     assert set(df["status"]) == {"ok"}
     assert (df["workload"] == "collectives").all()
@@ -60,13 +60,17 @@ def test_notebook_records_correct_collective_rows_and_its_plots_build(tmp_path):
     assert (df["busbw_bytes_per_s"] > 0).all() and (df["algbw_bytes_per_s"] > 0).all()
     assert (df["backend"] == "gloo").all() and (df["world_size"] == 2).all()  # "auto" → gloo on CPU
     assert set(df["knobs"]) == {json.dumps({"GLOO_SOCKET_IFNAME": "lo"})}
-    assert (df["knob_check"] == "not_verifiable").all()
+    assert (df["knob_check"] == "not_verifiable").all()  # gloo: nothing to check, whatever the pass
+    assert (df["knob_check_pass"] == "off").all()  # the row's own value: the parameter reached the config
+    assert (df["time_s"] > 0).all() and (df["time_max_over_ranks_s"] >= df["time_s"]).all()
     assert (df["config_id"] == "coll-gloo").all() and df["env_fingerprint_id"].notna().all()
 
     hv = _hv()
     overlay = busbw_vs_size(df)
     assert isinstance(overlay, hv.Overlay)
-    assert len(_fit_curves(overlay)) == 3  # one α-β fit per configuration
+    fits = fit_alpha_beta(df)
+    assert len(fits) == 3  # one α-β fit per configuration; drawn only where α and β are resolved
+    assert len(_fit_curves(overlay)) == (fits["fit_ok"] & fits["alpha_resolved"] & fits["beta_resolved"]).sum()
     hv.render(overlay, backend="bokeh")
     bars = knob_comparison(df)  # one knob setting: one bar per configuration
     assert isinstance(bars, hv.Bars) and len(bars.data) == 3
@@ -183,11 +187,12 @@ def test_notebook_is_committed_clean_with_a_plain_parameters_cell():
     assert all(c["outputs"] == [] and c["execution_count"] is None for c in code)
     params = read_notebook(NOTEBOOK).parameters
     assert {"ops", "min_bytes", "max_bytes", "factor", "dtype", "inplace", "backend", "world_size",
-            "warmup_iters", "iters", "knobs", "timeout_s"} <= set(params)
+            "warmup_iters", "iters", "knobs", "knob_check_pass", "timeout_s"} <= set(params)
     assert all(p.literal for p in params.values())
     assert all("=" not in p.comment for p in params.values())  # papermill's parser breaks on it
     assert params["backend"].default == "auto" and params["world_size"].default == 2
     assert params["max_bytes"].default <= 1 << 20 and params["knobs"].default == {}
+    assert params["knob_check_pass"].default == "separate"
 
 
 def test_sweep_template_validates_in_a_dry_run(tmp_path):

@@ -1,6 +1,8 @@
 """The spec-sheet table against the reference table, sparsity traps, unknown devices, CPU peak."""
 
+import math
 import re
+import types
 
 import pytest
 
@@ -73,6 +75,86 @@ def test_mi250x_is_per_gcd():
 def test_unknown_devices_are_unknown(name):
     assert spec_peaks(name) is None
     assert devices.spec_ceilings(name) == []
+
+
+# ---- exact parts (issue 11, item 12): names as torch reports them ----------------------------
+
+@pytest.mark.parametrize("name", [
+    "NVIDIA GH200 480GB",            # Grace Hopper: not an H200 SXM (its GPU has 96 or 144 GB)
+    "NVIDIA GH200 144G HBM3e",
+    "NVIDIA H200 NVL",               # the PCIe card
+    "NVIDIA H800",                   # not in perfkit's table: unknown, not H100's numbers
+    "NVIDIA H800 PCIe",
+    "NVIDIA H100 64GB HBM2e",        # another memory size than the table's 80 GB part
+    "NVIDIA RTX A1000",              # "A100" inside "A1000"
+    "NVIDIA A100X",
+    "AMD Instinct MI250",            # 104 CUs per GCD, other peaks than MI250X
+    "AMD Instinct MI250X / MI250",   # ROCm's shared name: which part, the name cannot say
+])
+def test_a_name_matches_its_exact_part_or_nothing(name):
+    assert spec_peaks(name) is None, spec_peaks(name)
+    assert devices.spec_ceilings(name) == []
+
+
+@pytest.mark.parametrize("name,model", [
+    ("NVIDIA H200", "NVIDIA H200 SXM"), ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5"),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"), ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM"),
+    ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 40GB"), ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe"),
+    ("AMD Instinct MI250X", "AMD Instinct MI250X (per GCD)"), ("AMD Instinct MI300X", "AMD Instinct MI300X"),
+])
+def test_known_parts_still_match(name, model):
+    assert spec_peaks(name).model == model
+
+
+def test_mi250_and_mi250x_told_apart_by_compute_units(reference_dir):
+    # ROCm docs, "AMD GPU specifications": MI250X 220 CUs (110 per GCD), MI250 208 (104 per GCD);
+    # torch reports the CUs of one GCD (props.multi_processor_count).
+    shared = "AMD Instinct MI250X / MI250"
+    ref = _reference_rows(reference_dir)["MI250X, per GCD (torch sees each GCD as a device)"]
+    mi250x = spec_peaks(shared, compute_units=110)
+    assert mi250x is not None and mi250x.flop_per_s["bf16"] == pytest.approx(_first_number(ref[4]))
+    assert spec_peaks(shared, compute_units=104) is None                # an MI250
+    assert spec_peaks("AMD Instinct MI250X", compute_units=104) is None  # name and count disagree
+    assert spec_peaks("AMD Instinct MI250X", compute_units=110) is mi250x
+    assert "110 CUs per GCD" in mi250x.source
+
+
+def test_reference_lookups_use_the_device_compute_units():
+    from perfkit import mfu
+
+    def info(units):
+        return devices.DeviceInfo(kind="rocm", torch_device="cuda:0", name="AMD Instinct MI250X / MI250",
+                                  count=8, memory_bytes=64 * 2**30, capability="gfx90a", compute_units=units)
+
+    assert devices.reference_ceilings(info(104)) == []
+    assert any(r["dtype"] == "bf16" and r["value"] == pytest.approx(191.5e12)
+               for r in devices.reference_ceilings(info(110)))
+    mi250 = mfu.peak_flop_per_s(device_kind="rocm", device_name="AMD Instinct MI250X / MI250",
+                                precision="bf16", devices=8, compute_units=104)
+    assert math.isnan(mi250.flop_per_s) and "unknown device" in mi250.reason
+
+
+def test_detect_reads_the_compute_units(monkeypatch):
+    import torch
+
+    props = types.SimpleNamespace(major=9, minor=0, total_memory=80 * 2**30, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
+    info = devices.detect("cuda:0")
+    assert (info.kind, info.name, info.compute_units) == ("cuda", "NVIDIA H200", 132)
+
+
+def test_nvlink_figures_belong_to_their_part():
+    from perfkit.commfit import spec_link
+
+    assert spec_link("NVIDIA H100 80GB HBM3")[0] == 450e9 and spec_link("NVIDIA H200")[0] == 450e9
+    h800, source = spec_link("NVIDIA H800")
+    assert h800 == 200e9 and "400 GB/s" in source  # 400 GB/s bidirectional, not H100's 900
+    for name in ("NVIDIA GH200 480GB", "NVIDIA H800 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL",
+                 "NVIDIA A100-PCIE-40GB", "NVIDIA RTX A1000"):
+        assert math.isnan(spec_link(name)[0]), name
 
 
 def test_variants_do_not_inherit_the_generic_numbers():

@@ -103,7 +103,7 @@ def test_load_errors_and_empty(tmp_path):
         perfkit.load(tmp_path, statuses=["great"])
 
 
-def test_interactive_default_location(tmp_path, monkeypatch):
+def test_interactive_default_location(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(results.CONTEXT_ENV, raising=False)
     monkeypatch.setenv("PERFKIT_OUT", str(tmp_path / "mine"))
     monkeypatch.setattr(results, "_INTERACTIVE", None)
@@ -111,4 +111,8 @@ def test_interactive_default_location(tmp_path, monkeypatch):
     assert df["config_id"][0].startswith("interactive-")
     files = list((tmp_path / "mine" / "results").glob("*.parquet"))
     assert len(files) == 1
-    assert perfkit.load(tmp_path / "mine")["time_s"].tolist() == [3.0]
+    # the notebook says where its rows went, once per session
+    assert str(files[0]) in capsys.readouterr().out
+    perfkit.record({"time_s": 4.0})
+    assert "interactive session go to" not in capsys.readouterr().out
+    assert perfkit.load(tmp_path / "mine")["time_s"].tolist() == [3.0, 4.0]  # one file per session

@@ -145,36 +145,60 @@ def test_ambiguous_and_bad_inputs_raise():
 
 def test_breakdown_with_straggler():
     df = pd.DataFrame({
-        "parallelism": ["none", "ddp", "ddp"],
-        "world_size": [1, 2, 4],
-        "step_time_s": [0.25, 0.50, 0.40],
-        "compute_time_s": [0.25, 0.45, 0.28],
+        "parallelism": ["none", "ddp", "ddp", "ddp"],
+        "world_size": [1, 2, 2, 4],
+        "step_time_s": [0.25, 0.50, 0.33, 0.45],
+        # the compute-only step: per step the slowest rank
+        "compute_time_s": [0.25, 0.45, 0.30, 0.40],
+        # Synchronous data parallelism: every rank waits in the collective, so per-rank step
+        # times are equal whatever the imbalance; they must not decide the straggler time.
+        "rank_step_time_s": [None, [0.5, 0.5], [0.33, 0.33], [0.45] * 4],
         # parquet gives numpy arrays back for list columns
-        "rank_step_time_s": [None, np.array([0.5, 0.5]), [0.30, 0.31, 0.40, 0.32]],
+        "rank_compute_time_s": [None, np.array([0.25, 0.45]), [0.30, 0.30],
+                                [0.30, 0.31, 0.40, 0.32]],
     })
     out = step_breakdown(df)
-    # exposed comm = step - compute: 0, 0.05, 0.12
-    assert out["exposed_comm_time_s"].tolist() == pytest.approx([0.0, 0.05, 0.12])
-    # N=4: sorted 0.30 0.31 0.32 0.40 -> median (0.31 + 0.32)/2 = 0.315; slowest 0.40 (rank 2);
-    # the typical rank idles 0.40 - 0.315 = 0.085 s. N=2: equal ranks, no straggler.
-    assert out.loc[2, "median_rank_step_time_s"] == pytest.approx(0.315)
-    assert out.loc[2, "slowest_rank_step_time_s"] == pytest.approx(0.40)
-    assert out.loc[2, "slowest_rank"] == 2
-    assert out.loc[2, "straggler_time_s"] == pytest.approx(0.085)
-    assert out.loc[1, "straggler_time_s"] == 0.0
-    # No per-rank times: NaN, not 0.
+    # exposed comm = step - compute-only step (both the slowest rank's): 0, 0.05, 0.03, 0.05
+    assert out["exposed_comm_time_s"].tolist() == pytest.approx([0.0, 0.05, 0.03, 0.05])
+    # N=2, rank 1 computes 0.20 s longer: rank 0 idles 0.45 - 0.25 = 0.20 s at the collective
+    # (the median of both ranks, 0.35, would say 0.10).
+    assert out.loc[1, "slowest_rank"] == 1
+    assert out.loc[1, "median_other_ranks_compute_time_s"] == pytest.approx(0.25)
+    assert out.loc[1, "straggler_time_s"] == pytest.approx(0.20)
+    assert out.loc[1, "typical_rank_compute_time_s"] == pytest.approx(0.25)
+    # N=2 balanced: no straggler.
+    assert out.loc[2, "straggler_time_s"] == 0.0
+    # N=4: slowest 0.40 (rank 2); the others 0.30 0.31 0.32 -> median 0.31; straggler 0.09.
+    assert out.loc[3, "slowest_rank"] == 2
+    assert out.loc[3, "slowest_rank_compute_time_s"] == pytest.approx(0.40)
+    assert out.loc[3, "median_other_ranks_compute_time_s"] == pytest.approx(0.31)
+    assert out.loc[3, "straggler_time_s"] == pytest.approx(0.09)
+    assert out.loc[3, "typical_rank_compute_time_s"] == pytest.approx(0.31)
+    # The three parts add up to the step.
+    parts = out.loc[1:, ["typical_rank_compute_time_s", "straggler_time_s", "exposed_comm_time_s"]]
+    assert parts.sum(axis=1).tolist() == pytest.approx(out.loc[1:, "step_time_s"].tolist())
+    # No per-rank compute times: NaN, not 0.
     assert math.isnan(out.loc[0, "straggler_time_s"]) and pd.isna(out.loc[0, "slowest_rank"])
+
+
+def test_breakdown_of_one_rank_has_no_straggler():
+    df = pd.DataFrame({"parallelism": ["ddp"], "world_size": [1], "step_time_s": [0.3],
+                       "compute_time_s": [0.2], "rank_compute_time_s": [[0.2]]})
+    out = step_breakdown(df)
+    assert out.loc[0, "straggler_time_s"] == 0.0 and out.loc[0, "slowest_rank"] == 0
+    assert out.loc[0, "exposed_comm_time_s"] == pytest.approx(0.1)
 
 
 def test_breakdown_without_optional_columns_keeps_the_schema():
     out = step_breakdown(STRONG)
-    for column in ("compute_time_s", "exposed_comm_time_s", "straggler_time_s", "slowest_rank"):
+    for column in ("compute_time_s", "exposed_comm_time_s", "straggler_time_s", "slowest_rank",
+                   "typical_rank_compute_time_s", "median_other_ranks_compute_time_s"):
         assert out[column].isna().all(), column
 
 
 def test_breakdown_rejects_wrong_rank_count():
     df = pd.DataFrame({"parallelism": ["ddp"], "world_size": [4], "step_time_s": [0.4],
-                       "rank_step_time_s": [[0.4, 0.4]]})
+                       "rank_compute_time_s": [[0.4, 0.4]]})
     with pytest.raises(BadInputError, match="one time per rank \\(4\\), got 2"):
         step_breakdown(df)
 

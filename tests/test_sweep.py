@@ -281,3 +281,118 @@ def test_no_prestart_runs_each_kernel_on_demand(tmp_path):
     out = sweep_cli(spec, "--out", tmp_path / "out", "--prestart", "off", "--quiet")
     assert out.returncode == 0, out.stderr
     assert sorted(perfkit.load(tmp_path / "out")["x_seen"]) == [1, 2, 3]
+
+
+NO_RECORD = Path(__file__).parent / "notebooks" / "no_record.ipynb"
+
+
+def test_a_kernel_that_fails_to_start_fails_its_configuration_not_the_sweep(tmp_path, monkeypatch):
+    # Every configuration still ends with a ledger entry and a row, the slot goes on, exit code 1.
+    import perfkit.sweep.engine as engine
+
+    class NoKernel:
+        def __init__(self, **kwargs):
+            raise RuntimeError("kernel refused to start")
+
+    monkeypatch.setattr(engine, "WarmKernel", NoKernel)
+    spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"x": [1, 2, 3]}),))
+    for prestart in (False, True):
+        out = tmp_path / f"prestart-{prestart}"
+        result = run_sweep(spec, out, workers=1, progress=False, prestart=prestart)
+        assert result.to_run == 3 and len(result.outcomes) == 3
+        assert {o.status for o in result.outcomes} == {"failed"} and result.exit_code == 1
+        state = Ledger(out).state()
+        assert len(state) == 3 and {e.status for e in state.values()} == {"failed"}
+        assert all("kernel refused to start" in e.message for e in state.values())
+        df = perfkit.load(out)
+        assert sorted(df["x"]) == [1, 2, 3] and set(df["status"]) == {"failed"}
+        assert df["reason"].str.contains("kernel refused to start").all()
+
+
+def test_an_engine_error_around_a_configuration_is_recorded(tmp_path, monkeypatch):
+    import perfkit.sweep.engine as engine
+
+    def broken_run_one(c, *args, **kwargs):
+        raise OSError("the engine tripped")
+
+    monkeypatch.setattr(engine, "run_one", broken_run_one)
+    spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"x": [1, 2]}),))
+    result = run_sweep(spec, tmp_path, workers=1, progress=False)
+    assert [o.status for o in result.outcomes] == ["failed", "failed"] and result.exit_code == 1
+    assert {e.status for e in Ledger(tmp_path).state().values()} == {"failed"}
+    assert sorted(perfkit.load(tmp_path)["x"]) == [1, 2]
+
+
+def test_exit_code_counts_configurations_without_an_ending(tmp_path):
+    from perfkit.execute import Outcome
+    from perfkit.sweep import SweepResult
+
+    ok = Outcome(config_id="a", status="ok", error_name=None, message=None, cell=None,
+                 output_notebook=tmp_path / "a.ipynb", results_path=tmp_path / "a.parquet",
+                 started_at=0.0, duration_s=0.0)
+    assert SweepResult(out_dir=tmp_path, total=2, already_done=0, to_run=1, outcomes=[ok]).exit_code == 0
+    assert SweepResult(out_dir=tmp_path, total=2, already_done=0, to_run=2, outcomes=[ok]).exit_code == 1
+
+
+@pytest.mark.slow
+def test_an_ok_notebook_that_records_nothing_leaves_a_row(tmp_path):
+    spec = SweepSpec(parts=(SweepPart(notebook=NO_RECORD, grid={"x": [4]}),))
+    result = run_sweep(spec, tmp_path, progress=False)
+    assert [o.status for o in result.outcomes] == ["ok"] and result.exit_code == 0
+    df = perfkit.load(tmp_path)
+    assert len(df) == 1 and df["status"].iloc[0] == "ok" and df["x"].iloc[0] == 4
+    assert df["config_id"].iloc[0] == result.outcomes[0].config_id
+
+
+def _entry(cid, status, attempt=1, **kw):
+    from perfkit.sweep.ledger import LedgerEntry
+
+    return LedgerEntry(config_id=cid, status=status, attempt=attempt, notebook="nb.ipynb", params={"x": 1}, **kw)
+
+
+def test_ledger_one_file_per_writer_merged_on_read(tmp_path):
+    # Two writers (two Slurm tasks on two nodes, the driver) never append to the same file.
+    a, b = Ledger(tmp_path), Ledger(tmp_path)
+    a.append(_entry("c1", "running"))
+    b.append(_entry("c2", "running"))
+    b.append(_entry("c2", "ok"))
+    a.append(_entry("c1", "failed"))
+    files = sorted((tmp_path / "ledger").iterdir())
+    assert len(files) == 2 and not (tmp_path / "ledger.jsonl").exists()
+    assert all(len(f.read_text().splitlines()) == 2 for f in files)
+    reader = Ledger(tmp_path)
+    assert [(e.config_id, e.status) for e in reader.events()] == [
+        ("c1", "running"), ("c2", "running"), ("c2", "ok"), ("c1", "failed")]
+    assert {cid: e.status for cid, e in reader.state().items()} == {"c1": "failed", "c2": "ok"}
+    assert sorted((tmp_path / "ledger").iterdir()) == files  # a reader creates no file
+
+
+def test_ledger_torn_last_line_is_skipped_and_attempts_beat_clocks(tmp_path):
+    a = Ledger(tmp_path)
+    a.append(_entry("c1", "running"))
+    a.append(_entry("c1", "ok"))
+    with open(a.path, "a") as fh:  # a SIGKILL in the middle of the next write
+        fh.write('{"config_id": "c1", "status": "fail')
+    assert Ledger(tmp_path).state()["c1"].status == "ok"
+    a.append(_entry("c1", "running", attempt=2))  # the same writer goes on, on a fresh line
+    assert Ledger(tmp_path).state()["c1"].status == "running"
+    # A node whose clock is behind writes attempt 2's ending: the attempt, not the clock, decides.
+    skewed = Ledger(tmp_path)
+    skewed.append(_entry("c1", "ok", attempt=2))
+    line = json.loads(skewed.path.read_text())
+    line["written_at"] -= 3600
+    skewed.path.write_text(json.dumps(line) + "\n")
+    a.append(_entry("c1", "failed", attempt=1))  # a late settle of the old attempt
+    assert Ledger(tmp_path).state()["c1"].status == "ok"
+
+
+def test_ledger_reads_a_folders_older_single_file(tmp_path):
+    old = [{"config_id": "c1", "status": "running", "attempt": 1, "notebook": "nb.ipynb", "params": {}},
+           {"config_id": "c2", "status": "ok", "attempt": 1, "notebook": "nb.ipynb", "params": {}}]
+    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in old))
+    assert {cid: e.status for cid, e in Ledger(tmp_path).state().items()} == {"c1": "running", "c2": "ok"}
+    Ledger(tmp_path).append(_entry("c1", "killed"))  # resumed in the new layout
+    ledger = Ledger(tmp_path)
+    assert [e.status for e in ledger.events()] == ["running", "ok", "killed"]
+    assert {cid: e.status for cid, e in ledger.state().items()} == {"c1": "killed", "c2": "ok"}
+    assert (tmp_path / "ledger.jsonl").read_text().count("\n") == 2  # never written again

@@ -32,6 +32,7 @@ except ImportError:  # tests/ imported as a package
 
 MODES = Path(__file__).parent / "notebooks" / "modes.ipynb"
 TRIVIAL = Path(__file__).parent / "notebooks" / "trivial.ipynb"
+NO_RECORD = Path(__file__).parent / "notebooks" / "no_record.ipynb"
 # Columns that differ between two runs of the same configuration by design.
 _VOLATILE = ("recorded_at", "env_")
 
@@ -103,17 +104,60 @@ def test_slurm_flags_with_the_local_executor_are_refused(tmp_path):
     assert cp.returncode == 2 and "--partition only apply with --executor slurm" in cp.stderr
 
 
+@pytest.mark.parametrize("text", ['{"version": 1, "configs": {"abc": {"job_id": "12_0", "attem',  # torn
+                                  '', '{"version": 1, "configs": []}', '{"configs": {"abc": {"job": 1}}}'])
+def test_an_unreadable_jobs_file_is_refused_never_reset(tmp_path, text):
+    # Resetting it would submit again tasks that may still run: exit 2, one line, file untouched.
+    pytest.importorskip("submitit", reason="submitit is not installed (pip install 'perfkit[slurm]')")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"notebook": str(TRIVIAL), "grid": {"x": [1]}}))
+    jobs = tmp_path / "out" / "slurm" / "jobs.json"
+    jobs.parent.mkdir(parents=True)
+    jobs.write_text(text)
+    cp = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(tmp_path / "out"),
+                         "--executor", "slurm", "--partition", "nowhere"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and "jobs.json is unreadable" in lines[0] and "squeue" in lines[0], cp.stderr
+    assert jobs.read_text() == text
+    assert not any((tmp_path / "out" / "ledger").glob("*"))
+
+
+def test_jobs_file_is_replaced_atomically(tmp_path, monkeypatch):
+    from perfkit.sweep.slurm import _Jobs
+
+    path = tmp_path / "slurm" / "jobs.json"
+    jobs = _Jobs(path)
+    jobs.data["a"] = {"job_id": "1_0", "attempt": 1, "submitted_at": 0.0}
+    jobs.save()
+    before = path.read_text()
+
+    def crash(fd):
+        raise OSError("disk full")  # the write dies before the new content is durable
+
+    monkeypatch.setattr("os.fsync", crash)
+    jobs.data["b"] = {"job_id": "1_1", "attempt": 1, "submitted_at": 0.0}
+    with pytest.raises(OSError):
+        jobs.save()
+    assert path.read_text() == before  # never a partial or empty jobs.json
+    monkeypatch.undo()
+    jobs.save()
+    assert set(_Jobs(path).data) == {"a", "b"}
+
+
 # --- the real cluster ----------------------------------------------------------------------------
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_same_results_as_the_local_executor(cluster, tmp_path):
-    """(a) several configurations, (c) a raising one ends failed with its error; re-running submits nothing."""
+    """(a) several configurations, (c) a raising one ends failed with its error; re-running submits nothing;
+    an ok notebook that records nothing leaves its status row (issue 11)."""
     from perfkit.sweep.slurm import run_slurm_sweep
 
     spec = SweepSpec(parts=(
         SweepPart(notebook=MODES, grid={"mode": ["ok", "raise", "memory_error", "skip", "write_then_raise"]}),
         SweepPart(notebook=TRIVIAL, grid={"x": [1, 2]}),
+        SweepPart(notebook=NO_RECORD, grid={"x": [5]}),
     ), slurm={"partition": cluster.partition, "cpus_per_task": 1})
     configs = expand(spec)
     t0 = time.monotonic()
@@ -124,12 +168,15 @@ def test_same_results_as_the_local_executor(cluster, tmp_path):
     t_slurm = time.monotonic() - t0
     print(f"\nlocal (2 workers) {t_local:.1f} s, slurm (2 CPUs) {t_slurm:.1f} s for {len(configs)} configurations")
 
-    assert remote.total == len(configs) == 7 and remote.already_done == 0
+    assert remote.total == len(configs) == 8 and remote.already_done == 0
     status = {o.config_id: o.status for o in remote.outcomes}
     assert status == {o.config_id: o.status for o in local.outcomes}
-    assert sorted(status.values()) == ["failed", "failed", "ok", "ok", "ok", "oom", "skipped"]
+    assert sorted(status.values()) == ["failed", "failed", "ok", "ok", "ok", "ok", "oom", "skipped"]
     assert remote.exit_code == local.exit_code == 1
     pd.testing.assert_frame_equal(_table(tmp_path / "slurm"), _table(tmp_path / "local"))
+    silent = next(c for c in configs if c.notebook == NO_RECORD)
+    rows = perfkit.load(tmp_path / "slurm")
+    assert list(rows[rows["config_id"] == silent.config_id]["status"]) == ["ok"]
 
     # (c) the raising configuration: its error, cell and traceback, as the local executor has them.
     raised = next(c for c in configs if c.params.get("mode") == "raise")
@@ -150,7 +197,7 @@ def test_same_results_as_the_local_executor(cluster, tmp_path):
     assert len({j["job_id"].split("_")[0] for j in jobs.values()}) == 1  # ONE job array
 
     again = run_slurm_sweep(spec, configs, tmp_path / "slurm", progress=False)
-    assert again.already_done == 7 and again.outcomes == []
+    assert again.already_done == 8 and again.outcomes == []
     assert json.loads((tmp_path / "slurm" / "slurm" / "jobs.json").read_text())["configs"] == jobs
 
 

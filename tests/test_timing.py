@@ -118,3 +118,75 @@ def test_default_warmup_outlasts_a_start_up_transient():
                 min_run_time_s=0.05, min_warmup_s=0.1)
     assert m.warmup_calls >= 7
     assert max(m.samples_s) == pytest.approx(11e-6)
+
+
+class FakeCuda:
+    """The parts of ``torch.cuda`` the timer uses, on a fake clock; device 0 is current.
+
+    Records which device each synchronization waited on and which device's stream each event
+    went on, so a test can see that work on ``cuda:1`` is timed on device 1, not device 0."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.synchronized = []
+        self.recorded_on = []
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+                self.t = None
+
+            def record(self, stream=None):
+                # torch: no stream means the current device's current stream.
+                fake.recorded_on.append(stream.device_index if stream is not None else 0)
+                self.t = fake.clock()
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return (end.t - self.t) * 1e3
+
+        self.Event = Event
+
+    def current_device(self):
+        return 0
+
+    def synchronize(self, device=None):
+        self.synchronized.append(0 if device is None else int(getattr(device, "index", device)))
+
+    def current_stream(self, device=None):
+        return type("Stream", (), {"device_index": 0 if device is None else int(device)})()
+
+
+@pytest.mark.parametrize("device, index", [("cuda:1", 1), ("cuda", 0)])
+def test_cuda_timing_waits_and_records_on_the_work_device(monkeypatch, device, index):
+    import torch
+
+    clock = FakeClock()
+    fake = FakeCuda(clock)
+    for name in ("Event", "current_device", "synchronize", "current_stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    m = measure(clock.op(1e-3), device=device, min_run_time_s=0.01, min_block_time_s=1e-3,
+                warmup_calls=1)
+    assert m.median_s == pytest.approx(1e-3)  # the events' time, read on the fake clock
+    assert fake.synchronized and set(fake.synchronized) == {index}
+    assert fake.recorded_on and set(fake.recorded_on) == {index}
+
+
+@pytest.mark.gpu
+def test_cuda_1_is_timed_on_device_1():
+    """On a 2-GPU node: a matmul on cuda:1 while device 0 is current is timed on device 1
+    (device 0 idle would otherwise time ~nothing), the same as with device 1 current."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA/ROCm devices")
+    a = torch.randn(4096, 4096, device="cuda:1")
+    torch.cuda.set_device(0)
+    on_0 = measure(lambda: a @ a, device="cuda:1", min_run_time_s=0.2)
+    with torch.cuda.device(1):
+        on_1 = measure(lambda: a @ a, device="cuda:1", min_run_time_s=0.2)
+    assert on_0.median_s == pytest.approx(on_1.median_s, rel=0.25)
+    assert on_0.median_s > 1e-5  # ~137 GFLOP: not the ~us of an empty device-0 stream

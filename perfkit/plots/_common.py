@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..display import hv_bokeh  # one place decides inline (offline) or CDN resources
+
 __all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale"]
 
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
 
 
-def hv_bokeh():
-    import holoviews as hv
-
-    if not hv.Store.current_backend or "bokeh" not in hv.Store.renderers:
-        hv.extension("bokeh", logo=False)
-    return hv
 
 
 def format_si(value: float, unit: str) -> str:

@@ -1,4 +1,4 @@
-"""Collective plots: busbw against message size with the α-β fit, and a comparison across knobs.
+"""Collective plots: busbw against message size with the α-β model, and a comparison across knobs.
 
 Rows are :func:`perfkit.collectives.run_collectives` rows as :func:`perfkit.record` stores them;
 only ``status == "ok"`` rows with a positive busbw count. A configuration is one (op, in-place,
@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 
 from ._common import display_scale, format_si, hv_bokeh, ok_rows
 
-__all__ = ["busbw_vs_size", "knob_comparison", "knobs_label"]
+__all__ = ["busbw_vs_size", "knob_comparison", "knobs_label", "fit_summary"]
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
@@ -63,6 +64,35 @@ def _format_time(seconds: float) -> str:
         if abs(seconds) >= factor:
             return f"{seconds / factor:.3g} {unit}"
     return f"{seconds * 1e9:.3g} ns"
+
+
+def _with_ci(value: float, low: float, high: float, fmt) -> str:
+    """Display only: '25.1 µs (95 % CI 24.3 µs – 26 µs)'."""
+    return f"{fmt(value)} (95 % CI {fmt(low)} – {fmt(high)})"
+
+
+def fit_summary(fit) -> dict[str, str]:
+    """Display only: α, β, S½ and the verdict of one :func:`perfkit.commfit.fit_alpha_beta` row,
+    as the plot's hover shows them (an unresolved parameter by its bound)."""
+    def bw(x):
+        return format_si(x, "B/s")
+
+    if fit["alpha_resolved"]:
+        alpha = _with_ci(fit["alpha_s"], fit["alpha_ci_low_s"], fit["alpha_ci_high_s"], _format_time)
+    else:
+        alpha = f"unresolved, ≤ {_format_time(fit['alpha_upper_s'])}"
+    if fit["beta_resolved"]:
+        beta = _with_ci(fit["beta_bytes_per_s"], fit["beta_ci_low_bytes_per_s"], fit["beta_ci_high_bytes_per_s"], bw)
+    else:
+        beta = f"unresolved, ≥ {bw(fit['beta_lower_bytes_per_s'])}"
+    half = fit["half_bandwidth_bytes"]
+    return {"alpha": alpha, "beta": beta, "s_half": format_si(half, "B") if half == half else "unknown",
+            "verdict": f"{fit['fit_note']} (relative RMS residual {fit['rel_rms_residual']:.2f})"}
+
+
+def _drawable(fit) -> bool:
+    """The model is drawn only where it describes the data and both α and β are resolved."""
+    return bool(fit["fit_ok"] and fit["alpha_resolved"] and fit["beta_resolved"])
 
 
 def _with_legend(plot_width: int, labels) -> int:
@@ -122,12 +152,20 @@ def _fits_for(data: pd.DataFrame, fits):
 
 
 def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
-    """busbw vs message size S (log-log), one line per configuration, each with its α-β fit.
+    """busbw vs message size S (log-log), one line per configuration, each with its α-β model.
 
     ``fits`` is a :func:`perfkit.commfit.fit_alpha_beta` frame; None fits the ok rows here, an
-    empty frame draws no fit. The fit's busbw (dashed, the configuration's colour) is
-    S / (α + S/β) × busbw factor; a known spec link bandwidth of an nccl configuration is drawn
-    as a horizontal line. Noisy points (IQR/median > 0.1) are hollow.
+    empty frame draws no model. The model's busbw (dashed, the configuration's colour) is
+    busbw factor × S / (α + S/β) over the measured sizes: it rises with S and saturates at
+    β × factor, and a diamond marks S½ = α·β, where it is half that. It is drawn only for a good
+    fit with α and β both resolved; otherwise nothing is drawn, and every point's hover says why
+    (α or β unresolved with its bound, or a bad fit). α and β with their 95 % intervals are in
+    the hover of the points and of the curve. The points are the rows' busbw, from ``time_s``
+    (nccl-tests' mean); the model is fitted to each size's median time (:mod:`perfkit.commfit`),
+    whose busbw is marked × when the rows carry ``time_median_s``: on a busy host, where
+    preemption inflates means, the curve follows the × marks. A known spec
+    link bandwidth of an nccl configuration is drawn as a horizontal line. Noisy points
+    (IQR/median > 0.1) are hollow.
     """
     from perfkit.commfit import busbw_curve
 
@@ -147,29 +185,39 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
     scale, prefix = display_scale(data["busbw_bytes_per_s"].tolist() + list(links))
     unit = f"{prefix}B/s"
     hover = [("configuration", "@config"), ("op", "@op"), ("size", "@size"), ("time", "@time"),
+             ("median time", "@median_time"),
              ("busbw", f"@busbw{{0.000}} {unit}"), ("algbw", f"@algbw{{0.000}} {unit}"),
              ("wrong elements", "@wrong_elements"), ("knobs", "@knobs"), ("knob check", "@knob_check"),
-             ("noisy", "@noisy")]
-    vdims = ["busbw", "config", "op", "size", "time", "algbw", "wrong_elements", "knobs", "knob_check",
-             "noisy"]
+             ("noisy", "@noisy"), ("α", "@alpha"), ("β", "@beta"), ("α-β fit", "@verdict")]
+    vdims = ["busbw", "config", "op", "size", "time", "median_time", "algbw", "wrong_elements", "knobs",
+             "knob_check", "noisy", "alpha", "beta", "verdict"]
+    model_hover = [("configuration", "@config"), ("α", "@alpha"), ("β", "@beta"), ("S½ = α·β", "@s_half"),
+                   ("α-β fit", "@verdict"), ("size", "@size"), ("model busbw", f"@busbw{{0.000}} {unit}")]
+    model_vdims = ["busbw", "config", "alpha", "beta", "s_half", "verdict", "size"]
+    no_fit = {"alpha": "no fit", "beta": "no fit", "s_half": "unknown", "verdict": "no fit"}
     label = _labeller(data)
     elements, ys, names = [], [], []
     for i, (key, group) in enumerate(_groups(data, by)):
         name, color = label(key), _PALETTE[i % len(_PALETTE)]
         names.append(name)
         group = group.sort_values("size_bytes")
+        fit_frame = fits[_matches(fits, key)].iloc[:1] if fits is not None and not fits.empty else None
+        fit = fit_frame.iloc[0] if fit_frame is not None and not fit_frame.empty else None
+        summary = fit_summary(fit) if fit is not None else no_fit
         points = pd.DataFrame({
             "size_bytes": group["size_bytes"].astype(float),
             "busbw": group["busbw_bytes_per_s"].astype(float) / scale,
             "config": name, "op": group["op"].astype(str),
             "size": [format_si(s, "B") for s in group["size_bytes"]],
             "time": [_format_time(t) for t in group["time_s"]] if "time_s" in group else "unknown",
+            "median_time": ([_format_time(t) for t in group["time_median_s"]]
+                            if "time_median_s" in group else "unknown"),
             "algbw": (group["algbw_bytes_per_s"].astype(float) / scale
                       if "algbw_bytes_per_s" in group else math.nan),
             "wrong_elements": group["wrong_elements"].astype(str) if "wrong_elements" in group else "unknown",
             "knobs": [knobs_label(k) for k in group["knobs"]] if "knobs" in group else "",
             "knob_check": group["knob_check"].astype(str) if "knob_check" in group else "unknown",
-            "noisy": group["noisy"].astype(bool),
+            "noisy": group["noisy"].astype(bool), **summary,
         })
         ys += points["busbw"].tolist()
         line = points.groupby("size_bytes", as_index=False)["busbw"].median()  # repeats: one line
@@ -177,20 +225,33 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
         elements.append(hv.Scatter(points, "size_bytes", vdims, label=name).opts(
             color=color, size=8, tools=["hover"], hover_tooltips=hover,
             fill_alpha=hv.dim("noisy").categorize(_HOLLOW, default=1.0)))
-        if fits is not None and not fits.empty:
-            fit = fits[_matches(fits, key)]
-            if not fit.empty:
-                curve = busbw_curve(fit.iloc[:1])
-                fitted = pd.DataFrame({"size_bytes": curve["size_bytes"],
-                                       "busbw": curve["busbw_bytes_per_s"] / scale})
-                f = fit.iloc[0]
-                fit_name = (f"{name}: α {_format_time(f['alpha_s'])}, "
-                            f"busbw → {format_si(f['busbw_asymptote_bytes_per_s'], 'B/s')}")
-                fitted["fit"] = fit_name
-                elements.append(hv.Curve(fitted, "size_bytes", ["busbw", "fit"], label=f"{name} fit").opts(
-                    color=color, line_dash="dashed", line_width=1.5, show_legend=False,
-                    tools=["hover"], hover_tooltips=[("fit", "@fit"), ("busbw", f"@busbw{{0.000}} {unit}")]))
-                ys += fitted["busbw"].tolist()
+        if "time_median_s" in group and "algbw_bytes_per_s" in group:
+            # What the model is fitted to: busbw of each size's median time (× marks; the points
+            # are the rows' time_s, nccl-tests' mean, which preemption inflates on a busy host).
+            factor = group["busbw_bytes_per_s"] / group["algbw_bytes_per_s"]
+            medians = points.assign(busbw=(group["size_bytes"] / group["time_median_s"] * factor / scale).to_numpy())
+            medians = medians[np.isfinite(medians["busbw"]) & (medians["busbw"] > 0)]
+            elements.append(hv.Points(medians, ["size_bytes", "busbw"], vdims[1:], label=f"{name} median").opts(
+                color=color, marker="x", size=7, show_legend=False, tools=["hover"],
+                hover_tooltips=[("busbw of the median time" if k == "busbw" else k, v) for k, v in hover]))
+            ys += medians["busbw"].tolist()
+        if fit is not None and _drawable(fit):
+            curve = busbw_curve(fit_frame)
+            model = pd.DataFrame({"size_bytes": curve["size_bytes"].astype(float),
+                                  "busbw": curve["busbw_bytes_per_s"].astype(float) / scale,
+                                  "config": name, "size": [format_si(x, "B") for x in curve["size_bytes"]],
+                                  **summary})
+            elements.append(hv.Curve(model, "size_bytes", model_vdims, label=f"{name} α-β model").opts(
+                color=color, line_dash="dashed", line_width=1.5, show_legend=False,
+                tools=["hover"], hover_tooltips=model_hover))
+            # S½: algbw = β/2, so busbw is half its asymptote there.
+            half = pd.DataFrame({"size_bytes": [float(fit["half_bandwidth_bytes"])],
+                                 "busbw": [fit["busbw_asymptote_bytes_per_s"] / 2 / scale], "config": name,
+                                 "size": format_si(fit["half_bandwidth_bytes"], "B"), **summary})
+            elements.append(hv.Points(half, ["size_bytes", "busbw"], model_vdims[1:], label=f"{name} S½").opts(
+                color=color, marker="diamond", size=13, line_color="black", show_legend=False,
+                tools=["hover"], hover_tooltips=model_hover))
+            ys += model["busbw"].tolist()
     x_text = float(data["size_bytes"].min())
     for value, source in sorted(links.items()):
         elements.append(hv.HLine(value / scale).opts(color="gray", line_dash="dotted", line_width=1.5))
@@ -200,7 +261,7 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
     ys = [y for y in ys if y > 0 and math.isfinite(y)]
     return hv.Overlay(elements).opts(
         hv.opts.Curve(logx=True, logy=True),
-        hv.opts.Overlay(title="Collective bus bandwidth (dashed: α-β fit; hollow: noisy, IQR/median > 0.1)",
+        hv.opts.Overlay(title="Collective busbw (× median time; dashed: α-β model, ◆ S½; hollow: noisy)",
                         xlabel="message size S (bytes)", ylabel=f"busbw ({unit})", logx=True,
                         logy=True, ylim=(min(ys) / 2, max(ys) * 2), width=_with_legend(680, names), height=480,
                         legend_position="right", legend_opts={"click_policy": "hide"}, show_grid=True),

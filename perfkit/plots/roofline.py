@@ -281,22 +281,39 @@ def roofline_section(rows: pd.DataFrame, all_rows: pd.DataFrame):
     """The report's roofline section: ``rows`` are the ``workload == "roofline"`` rows; the
     ceilings are the ``workload == "ceiling"`` rows recorded by the same configurations.
 
-    One static roofline per model (per precision within it); when batch size (else precision)
-    was swept, each op's points are linked across it.
+    One static roofline per model and measured device (per precision within it): a CPU's points
+    are never drawn under a GPU's roofs, nor the reverse. When batch size (else precision) was
+    swept, each op's points are linked across it.
     """
+    from ..env import measured_devices
+
     hv = hv_bokeh()
     ceilings = None
     if {"workload", "config_id"} <= set(all_rows.columns) and "config_id" in rows:
         ceilings = all_rows[(all_rows["workload"] == "ceiling")
                             & all_rows["config_id"].isin(rows["config_id"].unique())]
-    by_model = rows.groupby("model", sort=True) if "model" in rows else [(None, rows)]
+        ceilings = ceilings.assign(_device=_device_keys(measured_devices(ceilings)))
+    rows = rows.assign(_device=_device_keys(measured_devices(rows)))
+    by_model = ([(m, g) for m, g in rows.groupby("model", sort=True)] if "model" in rows
+                else [(None, rows)])
     panels = []
-    for model, group in by_model:
-        swept = next((c for c in ("batch_size", "precision")
-                      if c in group and group[c].nunique() > 1), None)
-        title = f"Roofline: {model}" if model is not None else "Roofline"
-        own = ceilings
-        if ceilings is not None:  # the roofs this model's configurations measured or looked up
-            own = ceilings[ceilings["config_id"].isin(group["config_id"].unique())]
-        panels.extend(roofline_static(group, own, trajectory_by=swept, title=title))
+    for model, model_rows in by_model:
+        for device, group in model_rows.groupby("_device", sort=True):
+            swept = next((c for c in ("batch_size", "precision")
+                          if c in group and group[c].nunique() > 1), None)
+            title = f"Roofline: {model}" if model is not None else "Roofline"
+            if rows["_device"].nunique() > 1:
+                title += f" on {device}"
+            own = ceilings
+            if ceilings is not None:  # the roofs these configurations had, of this device only
+                own = ceilings[ceilings["config_id"].isin(group["config_id"].unique())
+                               & (ceilings["_device"] == device)]
+            panels.extend(roofline_static(group.drop(columns="_device"), own,
+                                          trajectory_by=swept, title=title))
     return hv.Layout(panels).cols(1)
+
+
+def _device_keys(measured: pd.DataFrame) -> list[str]:
+    """``kind name`` per row of :func:`perfkit.env.measured_devices` (``unknown`` parts)."""
+    return [f"{kind or 'unknown'} {name or 'unknown'}"
+            for kind, name in zip(measured["kind"], measured["name"])]

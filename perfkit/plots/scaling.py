@@ -137,10 +137,12 @@ def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
 def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)):
     """Stacked bars per point (series × world size): compute, exposed communication, straggler.
 
-    ``df`` is :func:`perfkit.scaling.step_breakdown` output. compute = ``compute_time_s``,
-    straggler idle = ``straggler_time_s`` (slowest − median rank), exposed communication = the
-    rest of the step (``exposed_comm_time_s`` − straggler); they stack to the step time. A
-    negative part (noise larger than the communication) is drawn as 0; the hover has the values."""
+    ``df`` is :func:`perfkit.scaling.step_breakdown` output: compute =
+    ``typical_rank_compute_time_s``, straggler idle = ``straggler_time_s`` (slowest rank's
+    compute − the other ranks' median), exposed communication = ``exposed_comm_time_s`` (step −
+    compute-only step); they stack to the step time. A point without per-rank compute times draws
+    its whole ``compute_time_s`` as compute. A negative part (noise larger than the communication)
+    is drawn as 0; the hover has the values."""
     hv = hv_bokeh()
     rows = ok_rows(df)
     rows = rows[rows["compute_time_s"].notna()] if "compute_time_s" in rows else rows.iloc[0:0]
@@ -148,8 +150,8 @@ def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)
         return hv.Div("<p>No points with status ok and a compute-only time.</p>")
     rows = rows.sort_values(["world_size", *[c for c in series if c in rows]])
     straggler = rows["straggler_time_s"].fillna(0.0)
-    parts = {"compute": rows["compute_time_s"],
-             "exposed communication": rows["exposed_comm_time_s"] - straggler,
+    parts = {"compute": rows["compute_time_s"] - straggler,
+             "exposed communication": rows["exposed_comm_time_s"],
              "straggler idle": straggler}
     factor, unit = _time_scale(rows["step_time_s"].tolist())
     records = []

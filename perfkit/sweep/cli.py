@@ -16,7 +16,8 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 _SWEEP_HELP = """\
 Run NOTEBOOK once per configuration of SPEC's grid, headlessly with papermill, into DIR:
 DIR/notebooks/<config_id>.ipynb (executed, error banner included), DIR/results/<config_id>.parquet
-(rows, one file per configuration) and DIR/ledger.jsonl (what ran, how it ended, why).
+(rows, one file per configuration) and DIR/ledger/*.jsonl (what ran, how it ended, why; one file
+per writing process, merged when read).
 
 Running the same spec into the same DIR again resumes: configurations that ended ok, skipped or
 oom are not run again; interrupted ones (never ended, or killed) are; failed and timeout ones

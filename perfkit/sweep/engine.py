@@ -13,6 +13,10 @@
   two configurations.
 - **OOM is an edge.** After an ``oom`` at value v of the spec's ``oom_axis`` (batch size),
   pending configurations equal but for a larger value are ``skipped`` without running.
+- **No configuration vanishes.** Whatever fails around a configuration's body (its kernel does
+  not start, the engine itself raises), it ends ``failed`` with the reason, a ledger entry and a
+  row, and its slot goes on with the next one; the exit code counts every configuration that
+  was to run.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import concurrent.futures as cf
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -29,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import status as st
-from ..execute import Outcome, WarmKernel, execute_config
+from ..execute import Outcome, WarmKernel, execute_config, has_status_row
 from ..notebooks import read_notebook
 from ..results import RunContext, record
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
 from .spec import Config
 
-__all__ = ["SweepResult", "plan", "should_run", "run_one", "run_configs", "device_slots", "config_paths",
-           "OomEdges", "raise_on_sigterm", "restore_sigterm", "RERUN_BY_DEFAULT"]
+__all__ = ["SweepResult", "plan", "should_run", "run_one", "end_without_run", "run_configs", "device_slots",
+           "config_paths", "OomEdges", "raise_on_sigterm", "restore_sigterm", "RERUN_BY_DEFAULT"]
 
 #: Endings that a plain resume runs again: the run was interrupted from outside.
 RERUN_BY_DEFAULT = frozenset({RUNNING, st.KILLED})
@@ -49,6 +54,8 @@ class SweepResult:
     """Configurations in the spec."""
     already_done: int
     """Configurations the ledger already had as finished (not run again)."""
+    to_run: int = 0
+    """Configurations this sweep set out to run (the spec's, less those already done)."""
     outcomes: list[Outcome] = field(default_factory=list)
     wall_time_s: float = 0.0
 
@@ -57,8 +64,10 @@ class SweepResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every configuration run ended ok or skipped, 1 otherwise."""
-        return 0 if all(o.status in (st.OK, st.SKIPPED) for o in self.outcomes) else 1
+        """0 when every configuration that was to run ended ok or skipped, 1 otherwise (one
+        without an ending counts as a failure)."""
+        ended_well = all(o.status in (st.OK, st.SKIPPED) for o in self.outcomes)
+        return 0 if ended_well and len(self.outcomes) >= self.to_run else 1
 
 
 def plan(configs: Sequence[Config], out_dir: Path, *, retry_failed: bool = False) -> list[tuple[Config, str | None]]:
@@ -172,29 +181,59 @@ def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger
                         results_path=str(results_path), host=os.uname().nodename, pid=os.getpid(), slot=slot)
     edge = edges.past_edge(c) if edges is not None else None
     if edge is not None:
-        reason = f"{c.oom_axis}={c.params[c.oom_axis]!r} is past the OOM edge at {edge!r}"
-        record([{}], status=st.SKIPPED, reason=reason,
-               context=RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
-                                  notebook=c.notebook.name))
         ledger.append(entry)
-        outcome = Outcome(config_id=c.config_id, status=st.SKIPPED, error_name="OomEdge", message=reason,
-                          cell=None, output_notebook=output_nb, results_path=results_path,
-                          started_at=time.time(), duration_s=0.0)
+        outcome = end_without_run(c, out_dir, st.SKIPPED, "OomEdge",
+                                  f"{c.oom_axis}={c.params[c.oom_axis]!r} is past the OOM edge at {edge!r}")
     else:
-        kernel = take_kernel() if take_kernel else None
+        try:
+            kernel = take_kernel() if take_kernel else None
+        except Exception as exc:  # noqa: BLE001 - this configuration fails, not the sweep
+            kernel, no_kernel = None, exc
+        else:
+            no_kernel = None
         if interrupted():
             if kernel is not None:
                 kernel.shutdown()
             return None
         ledger.append(entry)
-        outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
-                                 results_path=results_path, timeout_s=c.timeout_s, env=env, kernel=kernel)
+        if no_kernel is not None:
+            outcome = end_without_run(c, out_dir, st.FAILED, type(no_kernel).__name__,
+                                      f"the kernel did not start: {no_kernel}")
+        else:
+            outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
+                                     results_path=results_path, timeout_s=c.timeout_s, env=env, kernel=kernel)
         if interrupted() and outcome.status != st.OK:
             outcome = Outcome(**{**outcome.__dict__, "status": st.KILLED, "error_name": "Interrupted",
                                  "message": "the sweep was interrupted; it runs again on resume"})
     ledger.append(LedgerEntry(**{**entry.__dict__, "status": outcome.status, "end": time.time(),
                                  "duration_s": outcome.duration_s, "error_name": outcome.error_name,
                                  "message": outcome.message, "cell": outcome.cell}))
+    return outcome
+
+
+def end_without_run(c: Config, out_dir: Path, status: str, error_name: str, message: str) -> Outcome:
+    """The ending of a configuration whose notebook did not run: its status row (with its
+    parameters, like every ending) and its outcome; the caller writes the ledger entry."""
+    output_nb, results_path = config_paths(c, out_dir)
+    if not has_status_row(results_path, status, c.config_id):
+        record([{}], status=status, reason=f"{error_name}: {message}" if status != st.SKIPPED else message,
+               context=RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
+                                  notebook=c.notebook.name))
+    return Outcome(config_id=c.config_id, status=status, error_name=error_name, message=message, cell=None,
+                   output_notebook=output_nb, results_path=results_path, started_at=time.time(), duration_s=0.0)
+
+
+def _engine_failure(c: Config, out_dir: Path, attempt: int, slot: str, ledger: Ledger, exc: Exception) -> Outcome:
+    """Record ``failed`` for a configuration that :func:`run_one` could not end itself."""
+    import traceback
+
+    message = f"the sweep engine failed around this configuration: {exc}\n{traceback.format_exc()}"
+    outcome = end_without_run(c, out_dir, st.FAILED, type(exc).__name__, message)
+    output_nb, results_path = config_paths(c, out_dir)
+    ledger.append(LedgerEntry(config_id=c.config_id, status=st.FAILED, attempt=attempt, notebook=str(c.notebook),
+                              params=c.params, end=time.time(), duration_s=0.0, error_name=outcome.error_name,
+                              message=message, output_notebook=str(output_nb), results_path=str(results_path),
+                              host=os.uname().nodename, pid=os.getpid(), slot=slot))
     return outcome
 
 
@@ -256,7 +295,8 @@ def run_configs(
         planned = plan(configs, out_dir, retry_failed=retry_failed)
         todo = [c for c, prev in planned if should_run(prev, retry_failed)]
         attempts = {e.config_id: e.attempt for e in ledger.state().values()}
-        result = SweepResult(out_dir=out_dir, total=len(configs), already_done=len(configs) - len(todo))
+        result = SweepResult(out_dir=out_dir, total=len(configs), already_done=len(configs) - len(todo),
+                             to_run=len(todo))
         if on_start:
             on_start(len(todo), result.already_done)
         if not todo:
@@ -290,9 +330,16 @@ def run_configs(
                     c = pending.get_nowait()
                 except queue.Empty:
                     return
-                outcome = run_one(c, out_dir, attempt=attempts.get(c.config_id, 0) + 1, slot=slot.name,
-                                  ledger=ledger, edges=edges, take_kernel=lambda: take_kernel(slot),
-                                  interrupted=stop.is_set)
+                attempt = attempts.get(c.config_id, 0) + 1
+                try:
+                    outcome = run_one(c, out_dir, attempt=attempt, slot=slot.name, ledger=ledger, edges=edges,
+                                      take_kernel=lambda: take_kernel(slot), interrupted=stop.is_set)
+                except Exception as exc:  # noqa: BLE001 - the engine's own error: this config fails, the slot goes on
+                    try:
+                        outcome = _engine_failure(c, out_dir, attempt, slot.name, ledger, exc)
+                    except Exception as again:  # noqa: BLE001 - nothing can be written (disk full?)
+                        print(f"perfkit: {c.config_id} has no ending: {exc}; then {again}", file=sys.stderr)
+                        continue  # it counts as not ended: the exit code is 1
                 slot.current = None
                 if outcome is None:
                     return

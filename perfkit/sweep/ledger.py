@@ -1,9 +1,16 @@
-"""The ledger: what ran, how it ended and why — an append-only JSON-lines file in the sweep's DIR.
+"""The ledger: what ran, how it ended and why — append-only JSON-lines files in ``DIR/ledger/``.
 
-Crash safety comes from the format, not from care: every event is one line appended with
-``O_APPEND`` and fsynced, so a SIGKILL at any moment leaves at most one torn last line, which
-the reader skips. The state of a configuration is its last complete event; a ``running`` event
-without an ending is an attempt that never finished, and a resumed sweep runs it again.
+**One file per writer.** Every :class:`Ledger` object writes its own file,
+``DIR/ledger/<host>-<pid>-<random>.jsonl``, and readers merge them all. Slurm array tasks on
+several nodes thus never append to one file: ``O_APPEND`` is atomic on a local filesystem but not
+across NFS clients, where two nodes' lines can overwrite each other. A sweep's folder from before
+(one ``DIR/ledger.jsonl``) is still read, as the oldest events.
+
+Crash safety comes from the format, not from care: every event is one line appended and fsynced,
+so a SIGKILL at any moment leaves at most one torn last line in its writer's file, which the
+reader skips. The state of a configuration is its latest complete event: the highest attempt,
+within it an ending over ``running``, then the latest written (``written_at``). A ``running``
+event without an ending is an attempt that never finished, and a resumed sweep runs it again.
 
 One sweep at a time per DIR: :class:`SweepLock` holds an exclusive ``flock`` on
 ``DIR/.perfkit-sweep.lock`` for the sweep's lifetime. The kernel releases it when the process
@@ -18,6 +25,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,61 +61,107 @@ class LedgerEntry:
     pid: int | None = None
     slot: str | None = None
     """The device slot it ran on (CUDA_VISIBLE_DEVICES or the CPU thread share)."""
+    written_at: float | None = None
+    """Unix time the event was appended (set by :meth:`Ledger.append`); orders writers' files."""
 
 
 class Ledger:
-    """Read and append the ledger at ``DIR/ledger.jsonl``."""
+    """Read every writer's events under ``DIR``; append to this object's own file."""
 
-    FILENAME = "ledger.jsonl"
+    DIRNAME = "ledger"
+    LEGACY_FILENAME = "ledger.jsonl"
 
     def __init__(self, directory: str | Path):
-        self.path = Path(directory) / self.FILENAME
+        self.directory = Path(directory) / self.DIRNAME
+        self.legacy_path = Path(directory) / self.LEGACY_FILENAME
+        # Created at the first append: readers (a dry run, a driver) leave no empty files behind.
+        self.path = self.directory / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.jsonl"
         self._lock = threading.Lock()
 
+    def _files(self) -> list[Path]:
+        files = [self.legacy_path] if self.legacy_path.exists() else []
+        try:
+            files += sorted(p for p in self.directory.iterdir() if p.suffix == ".jsonl")
+        except FileNotFoundError:
+            pass
+        return files
+
     def events(self) -> Iterator[LedgerEntry]:
-        if not self.path.exists():
-            return
-        fields = set(LedgerEntry.__dataclass_fields__)
-        with open(self.path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.endswith("\n"):
-                    break  # a torn last line: the write it belongs to never completed
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                yield LedgerEntry(**{k: v for k, v in data.items() if k in fields})
+        """Every complete event of every writer, oldest first (legacy file, then by ``written_at``)."""
+        keyed = []
+        for file_index, path in enumerate(self._files()):
+            for line_index, event in enumerate(_read_events(path)):
+                # The legacy file's events predate every writer file's; within a file, its order.
+                when = event.written_at if path != self.legacy_path and event.written_at is not None else 0.0
+                keyed.append(((path != self.legacy_path, when, file_index, line_index), event))
+        keyed.sort(key=lambda k: k[0])
+        yield from (event for _, event in keyed)
 
     def state(self) -> dict[str, LedgerEntry]:
-        """The last event of every configuration."""
+        """The latest event of every configuration: highest attempt, an ending over ``running``,
+        then the latest written (clocks of different nodes can disagree; attempts cannot)."""
         last: dict[str, LedgerEntry] = {}
         for event in self.events():
-            last[event.config_id] = event
+            prev = last.get(event.config_id)
+            if prev is None or (event.attempt, event.status != RUNNING) >= (prev.attempt, prev.status != RUNNING):
+                last[event.config_id] = event
         return last
 
     def append(self, entry: LedgerEntry) -> None:
-        line = json.dumps(asdict(entry), default=str, sort_keys=True) + "\n"
-        data = line.encode("utf-8")
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            entry = LedgerEntry(**{**asdict(entry), "written_at": time.time()})
+            data = (json.dumps(asdict(entry), default=str, sort_keys=True) + "\n").encode("utf-8")
+            created = not self.path.exists()
+            if created:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 self._repair_torn_tail(fd)
                 os.write(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if created:
+                _fsync_dir(self.directory)  # the new file's name survives a crash too
 
     def _repair_torn_tail(self, fd: int) -> None:
-        # After a crash mid-write the file may end without a newline; start the next event on a
-        # fresh line so the torn fragment stays an isolated, skipped line.
+        # After a failed write (disk full) the file may end without a newline; start the next
+        # event on a fresh line so the torn fragment stays an isolated, skipped line.
         size = os.fstat(fd).st_size
         if size == 0:
             return
-        with open(self.path, "rb") as fh:
-            fh.seek(size - 1)
-            if fh.read(1) != b"\n":
-                os.write(fd, b"\n")
+        if os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
+
+
+def _read_events(path: Path) -> Iterator[LedgerEntry]:
+    fields = set(LedgerEntry.__dataclass_fields__)
+    try:
+        fh = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break  # a torn last line: the write it belongs to never completed
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            yield LedgerEntry(**{k: v for k, v in data.items() if k in fields})
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class SweepLocked(BadInputError):

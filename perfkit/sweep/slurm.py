@@ -6,7 +6,8 @@ array, and then only watches: every task runs the same per-configuration code pa
 slot (``running`` ledger entry, stale rows removed, :func:`perfkit.execute.execute_config`, final
 entry), on a compute node, writing into DIR (which must be on a filesystem the nodes share).
 
-- **Job ids** go to ``DIR/slurm/jobs.json`` (config id → job id and attempt); submitit's pickles
+- **Job ids** go to ``DIR/slurm/jobs.json`` (config id → job id and attempt; written atomically,
+  and refused with exit 2 when unreadable, never reset: that would submit running tasks again); submitit's pickles
   and the tasks' logs go to ``DIR/slurm/``. A driver started again on DIR first re-attaches to
   recorded tasks still pending or running (never resubmitting them), settles recorded tasks that
   ended while no driver watched, then plans and submits what is left.
@@ -185,22 +186,42 @@ def _run_task(c: Config, out_dir: str, attempt: int) -> str:
 # --- the driver ---------------------------------------------------------------------------------
 
 class _Jobs:
-    """``DIR/slurm/jobs.json``: config id → {job_id, attempt, submitted_at}; rewritten atomically."""
+    """``DIR/slurm/jobs.json``: config id → {job_id, attempt, submitted_at}; rewritten atomically.
+
+    A file that cannot be read is refused, never reset: it is the only record of tasks that may
+    still be queued or running, and an empty one would submit them all again."""
 
     def __init__(self, path: Path):
         self.path = path
         self.data: dict[str, dict] = {}
         if path.exists():
             try:
-                self.data = dict(json.loads(path.read_text()).get("configs", {}))
-            except (json.JSONDecodeError, AttributeError):
-                self.data = {}
+                data = json.loads(path.read_text())
+                configs = data["configs"]
+                if not isinstance(configs, dict) or not all(
+                        isinstance(r, dict) and {"job_id", "attempt"} <= set(r) for r in configs.values()):
+                    raise ValueError("'configs' is not a mapping of config id → {job_id, attempt}")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                what = " ".join(str(exc).split())[:200]
+                raise BadInputError(
+                    f"{path} is unreadable ({type(exc).__name__}: {what}); it records the Slurm jobs of this "
+                    f"sweep, some maybe still running: restore it, or check squeue/scancel and move it away "
+                    f"to submit everything again") from None
+            self.data = dict(configs)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"version": 1, "configs": self.data}, indent=1, sort_keys=True))
+        with open(tmp, "w") as fh:
+            fh.write(json.dumps({"version": 1, "configs": self.data}, indent=1, sort_keys=True))
+            fh.flush()
+            os.fsync(fh.fileno())  # the rename must never publish an empty or partial file
         os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a crash
+        finally:
+            os.close(fd)
 
 
 def _expand_ids(job_id: str) -> list[str]:
@@ -318,7 +339,7 @@ def _settle(c: Config, rec: dict, slurm_state: str, out_dir: Path, ledger: Ledge
                             params=c.params, start=None, end=now, duration_s=0.0, error_name=error_name,
                             message=message, output_notebook=str(nb), results_path=str(results_path),
                             slot=f"slurm:{job_id}")
-    if not has_status_row(results_path, status):
+    if not has_status_row(results_path, status, c.config_id):
         record([{}], status=status, reason=f"{error_name}: {message}",
                context=RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
                                   notebook=c.notebook.name))
@@ -403,7 +424,8 @@ def run_slurm_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | P
                 text = " ".join(str(exc).split())
                 raise SlurmSubmitError(f"sbatch refused the job array: {text[:400]}") from exc
 
-        result = SweepResult(out_dir=out_dir, total=len(configs), already_done=len(configs) - len(watch))
+        result = SweepResult(out_dir=out_dir, total=len(configs), already_done=len(configs) - len(watch),
+                             to_run=len(watch))
         desc = "slurm sweep"
         if result.already_done:
             desc += f" ({result.already_done} already done)"

@@ -1,0 +1,115 @@
+"""Every process a configuration starts ends with it: environment tokens, found through ``/proc``.
+
+Linux only (``/proc``), standard library only: the kernel's parent watch loads this file by path,
+without importing the perfkit package (pandas, torch) first.
+
+A **token** is an environment variable with a unique name (``PERFKIT_TEARDOWN_<hex>``) put into
+the environment of a process perfkit starts (a configuration's kernel, a launch's torchrun).
+Children inherit their parent's environment and torchrun passes its own to the ranks, so every
+descendant carries the token even after it has left its parent's process group or session
+(torchrun's workers lead sessions of their own) or been re-parented to init. :func:`reap` kills
+every process whose initial environment (``/proc/PID/environ``) holds the token and waits until
+none is left. A unique *name* (not a fixed name with a unique value) keeps the tokens of nested
+owners apart: a rank carries both its kernel's token and its launch's.
+
+:func:`watch` is the other direction: a process that must not outlive another (a rank, its
+launcher) polls it, and recognises a recycled pid by the start time in ``/proc/PID/stat``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+__all__ = ["TOKEN_PREFIX", "new_token", "holders", "reap", "start_time", "alive", "watch"]
+
+TOKEN_PREFIX = "PERFKIT_TEARDOWN_"
+
+
+def new_token() -> str:
+    """A fresh token name; put ``{name: "1"}`` into a child's environment."""
+    return f"{TOKEN_PREFIX}{uuid.uuid4().hex}"
+
+
+def holders(token: str) -> list[int]:
+    """Pids of the live processes (this one excepted) whose environment holds ``token``.
+
+    A zombie's environment reads empty, so a process already killed and waiting to be reaped by
+    its parent does not count: it holds no memory, device or core any more.
+    """
+    needle = token.encode() + b"="
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:  # gone meanwhile, or another user's process (not ours to reap)
+            continue
+        if environ.startswith(needle) or b"\0" + needle in environ:
+            found.append(int(entry))
+    return found
+
+
+def reap(token: str, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every holder of ``token`` until none is left; the pids still there after ``wait_s``.
+
+    Repeated rather than once: a holder may be starting a child while the first round kills it.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = holders(token)
+        if not pids or time.monotonic() >= deadline:
+            return pids
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces: fields after it start at state (3).
+    return stat.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, field 22 of ``/proc/PID/stat``)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def alive(pid: int, started: int | None) -> bool:
+    """True while ``pid`` runs and is the process that started at ``started`` (not a reuse)."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):  # a killed process not yet reaped is dead
+        return False
+    return started is None or int(fields[19]) == started
+
+
+def watch(pid: int, started: int | None, on_death: Callable[[], None], interval_s: float = 0.5) -> threading.Thread:
+    """Call ``on_death`` (from a daemon thread) once ``pid`` has ended."""
+    def _run():
+        while alive(pid, started):
+            time.sleep(interval_s)
+        on_death()
+
+    thread = threading.Thread(target=_run, daemon=True, name=f"perfkit-watch-{pid}")
+    thread.start()
+    return thread

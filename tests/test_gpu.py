@@ -1,0 +1,92 @@
+"""The paths only a GPU exercises: CUDA events, nccl, ``_scaled_mm`` (fp8), CUDA SDPA counting,
+``torch.compile`` of the training step on a GPU. Marked ``gpu``: on a machine without one they
+skip with the reason (tests/conftest.py); ``benchmarks/gpu_check.sh`` runs them on a GPU node.
+
+Asserts are about what was measured, counted or checked, never about how fast this GPU is.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_events_time_the_work_not_the_launch():
+    from perfkit.timing import measure
+
+    a = torch.randn(4096, 4096, device="cuda")
+    events = measure(lambda: a @ a, device="cuda", min_run_time_s=0.2)
+
+    def host_timed():  # the same work, timed on the host with a synchronize after each call
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    host_timed()
+    host_s = sorted(host_timed() for _ in range(20))[10]
+    # Events exclude the host's launch and synchronize overhead: never above the host time (with
+    # slack for noise), and far above an empty launch (~us): 137 GFLOP take > 10 us on any GPU.
+    assert 1e-5 < events.median_s <= host_s * 1.10
+    assert len(events.samples_s) >= 3
+
+
+def test_nccl_one_rank_collectives_with_a_knob_check_on_a_live_log():
+    from perfkit.collectives import CollectivesConfig, run_collectives
+
+    cfg = CollectivesConfig(ops=("all_reduce", "all_gather"), world_size=1, backend="nccl",
+                            min_bytes=1 << 20, max_bytes=1 << 22, iters=5, warmup_iters=2,
+                            env={"NCCL_PROTO": "Simple"}, timeout_s=180)
+    rows = run_collectives(cfg)
+    assert len(rows) == len(cfg.sizes()) * 3  # all_reduce in place; all_gather in and out of place
+    assert (rows["wrong_elements"] == 0).all()  # nccl-tests' -c check
+    assert (rows["time_s"] > 0).all() and rows["busbw_bytes_per_s"].map(math.isfinite).all()
+    # The knob check read a real NCCL log: every row has a verdict from it, never "no rank logs".
+    assert set(rows["knob_check"]) <= {"honoured", "not_honoured", "unverifiable", "none_forced"}
+    assert not rows["knob_check_detail"].str.contains("no rank logs").any()
+    assert rows["timed_nccl_debug"].isna().all()  # the timed launch ran without NCCL's logging
+
+
+def test_fp8_scaled_mm_throughput_or_the_reason_it_cannot_run():
+    from perfkit import ceilings
+
+    reason = ceilings.compute_dtypes("cuda")["fp8"]
+    if reason is not None:
+        pytest.skip(reason)
+    rows = ceilings.measure_matmul_throughput("cuda", dtypes=["fp8"], shapes=[(4096, 4096, 4096)],
+                                              min_run_time_s=0.05)
+    row = rows.iloc[0]
+    assert row["flop"] == 2 * 4096 ** 3 and row["flop_per_s"] == pytest.approx(row["flop"] / row["time_s"])
+
+
+def test_cuda_bf16_sdpa_is_counted_as_one_attention_op():
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    from perfkit.counting import count_ops, coverage
+
+    b, h, s, d = 2, 4, 256, 64
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    df = count_ops(F.scaled_dot_product_attention, q, k, v)
+    attention = df[df["family"] == "attention"]
+    assert len(attention) == 1, df[["op", "family", "flop"]]
+    assert attention["flop"].iloc[0] == sdpa_flop_count(q.shape, k.shape, v.shape)
+    assert attention["dtype"].iloc[0] == "bfloat16"
+    assert not coverage(df).uncounted  # nothing the counter could not count
+    assert not df["op"].str.contains("bmm").any()  # a fused kernel, not a decomposition
+
+
+def test_compiled_bf16_training_step_on_the_gpu():
+    from perfkit.training import TrainConfig, train_step_benchmark
+
+    row = train_step_benchmark(TrainConfig(model="transformer", compile=True, precision="bf16",
+                                           device="cuda", steps=4, batch_size=8))
+    assert row["status"] == "ok" and row["resolved_device"].startswith("cuda")
+    assert len(row["step_time_samples_s"]) == 3 and row["step_time_s"] > 0
+    assert math.isfinite(row["loss_first"]) and math.isfinite(row["loss_last"])

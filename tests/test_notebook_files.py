@@ -1,0 +1,80 @@
+"""What every shipped notebook promises before it runs, and the display decisions behind it.
+
+Committed notebooks are clean (outputs stripped, one `parameters` cell of plain literals) and name
+the venv's `perfkit` kernel, so JupyterLab offers that kernel for them; plots load their
+resources inline (offline) unless told otherwise; executed notebooks are trusted so that their
+plots render when opened later. The browser-level checks are in test_jupyterlab.py.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted([*REPO.glob("notebooks/*.ipynb"), REPO / "templates" / "notebook.ipynb"])
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(REPO)) for p in SHIPPED])
+def test_shipped_notebook_is_clean_and_names_the_perfkit_kernel(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in code), "outputs not stripped"
+    tagged = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1, f"{len(tagged)} cells tagged 'parameters'"
+    for stmt in ast.parse("".join(tagged[0]["source"])).body:
+        assert isinstance(stmt, ast.Assign), ast.dump(stmt)
+        ast.literal_eval(stmt.value)  # plain literals only
+    assert nb["metadata"]["kernelspec"]["name"] == "perfkit"
+    assert "perfkit" in nb["metadata"]["kernelspec"]["display_name"]
+
+
+def test_plots_load_inline_by_default_and_cdn_on_request(monkeypatch):
+    from perfkit import display
+    from perfkit.errors import BadInputError
+
+    monkeypatch.setattr(display, "_chosen", None)
+    monkeypatch.delenv(display.RESOURCES_ENV, raising=False)
+    assert display.resources_mode() == "inline"
+    monkeypatch.setenv(display.RESOURCES_ENV, "cdn")
+    assert display.resources_mode() == "cdn"
+    display.use_resources("inline")
+    assert display.resources_mode() == "inline"  # the notebook's own choice wins
+    with pytest.raises(BadInputError, match="inline, cdn"):
+        display.use_resources("local")
+    monkeypatch.setattr(display, "_chosen", None)
+    monkeypatch.setenv(display.RESOURCES_ENV, "offline")
+    with pytest.raises(BadInputError, match="PERFKIT_RESOURCES"):
+        display.resources_mode()
+
+
+def test_inline_mode_leaves_no_cdn_link_in_a_plot(monkeypatch):
+    """holoviews' panel layouts reference panel's CDN stylesheets unless perfkit inlines them."""
+    from perfkit import display
+
+    monkeypatch.setattr(display, "_chosen", "inline")
+    monkeypatch.setattr(display, "_loaded", None)
+    hv = display.hv_bokeh()
+    import panel as pn
+
+    html = pn.panel(hv.HoloMap({i: hv.Curve([0, i]) for i in (1, 2)}, kdims=["i"])).get_root()
+    from bokeh.embed import json_item
+
+    assert "cdn.holoviz.org" not in json.dumps(json_item(html))
+
+
+def test_executed_notebooks_are_trusted(tmp_path, monkeypatch):
+    from nbformat.sign import NotebookNotary
+
+    from perfkit.notebooks import trust_executed
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nb, path)
+    assert not NotebookNotary().check_signature(nbformat.read(path, as_version=4))
+    assert trust_executed(path)
+    assert NotebookNotary().check_signature(nbformat.read(path, as_version=4))
