@@ -24,9 +24,9 @@ _prepared: list[str] = []
 
 
 def _prepare_report_dir() -> str:
-    from perfkit.gemm import measure_gemm
-    from perfkit.report import REPORT_DIR_ENV
-    from perfkit.results import RunContext, record
+    from perfkit.measuring.gemm import measure_gemm
+    from perfkit.view.report import REPORT_DIR_ENV
+    from perfkit.core.results import RunContext, record
 
     folder = tempfile.mkdtemp(prefix="perfkit-report-nbval-")
     _prepared.append(folder)
@@ -45,7 +45,7 @@ def pytest_runtest_setup(item):
     path = Path(str(item.fspath))
     if path.name != "report.ipynb" or path.parent.name != "notebooks":
         return
-    from perfkit.report import REPORT_DIR_ENV
+    from perfkit.view.report import REPORT_DIR_ENV
 
     if not os.environ.get(REPORT_DIR_ENV):
         _prepare_report_dir()

@@ -1,7 +1,7 @@
 """perfkit's measured ceilings against the references they must match, measured in the same run.
 
 (a) FP32 compute: perfkit's quick ceiling (``perfkit peaks``' own shape search, timed with
-    perfkit.timing) ÷ the best ``torch.utils.benchmark.Timer.blocked_autorange`` over square
+    perfkit.core.timing) ÷ the best ``torch.utils.benchmark.Timer.blocked_autorange`` over square
     sizes 512–4096, which perfkit is not told. Goal >= 0.95.
 (b) DRAM bandwidth: perfkit's DRAM plateau (C++ OpenMP triad) ÷ a STREAM triad written in C,
     compiled here with ``gcc -O3 -march=native -fopenmp`` in a temporary directory, its arrays
@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 import torch.utils.benchmark as tb
 
-from perfkit import ceilings, devices
+from perfkit.analyse.levels import cpu_cache_sizes, detect_levels
+from perfkit.core import devices
+from perfkit.measuring import ceilings, stream
 
 _STREAM_C = textwrap.dedent(r"""
     /* STREAM triad, as McCalpin's stream.c does it: a[j] = b[j] + scalar*c[j], 24 bytes/element. */
@@ -76,8 +78,8 @@ def _timer_fp32(sizes) -> tuple[float, int]:
 
 def _dram_plateau(quick: bool) -> tuple[float, int, int]:
     """perfkit's DRAM ceiling from its own sweep, and the plateau's working-set span."""
-    curve = ceilings.measure_bandwidth_curve("cpu", quick=quick)
-    levels = ceilings.detect_levels(curve, cache_sizes=ceilings.cpu_cache_sizes())
+    curve = stream.measure_bandwidth_curve("cpu", quick=quick)
+    levels = detect_levels(curve, cache_sizes=cpu_cache_sizes())
     dram = levels[levels["level"] == "DRAM"]
     if dram.empty:
         raise SystemExit(f"no DRAM plateau found; levels: {levels['level'].tolist()}")
@@ -87,7 +89,7 @@ def _dram_plateau(quick: bool) -> tuple[float, int, int]:
 
 def _perfkit_dram_round(lo: int, hi: int) -> float:
     """One more perfkit measurement of the plateau: median over its points, as detect_levels."""
-    curve = ceilings.measure_bandwidth_curve("cpu", min_working_set_bytes=lo, max_working_set_bytes=hi,
+    curve = stream.measure_bandwidth_curve("cpu", min_working_set_bytes=lo, max_working_set_bytes=hi,
                                              points_per_octave=2, min_run_time_s=0.3)
     return float(curve["bytes_per_s"].median())
 
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
           f"[{peak.clock_source}] x {peak.flop_per_cycle_per_core['fp32']} FLOP/cycle): "
           f"perfkit {ours / fp32_peak:.2f}, Timer {ref / fp32_peak:.2f}")
 
-    llc = max(ceilings.cpu_cache_sizes().values(), default=256 << 20)
+    llc = max(cpu_cache_sizes().values(), default=256 << 20)
     n_rule = max(4 * llc // 8, 10_000_000)  # STREAM's rule: each array >= 4x the caches
     sweep_value, lo, hi = _dram_plateau(quick)
     n_same = hi // 24  # the largest working set of perfkit's plateau: calls of the same length

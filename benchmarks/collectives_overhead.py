@@ -28,7 +28,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from perfkit.collectives import CollectivesConfig, busbw_factor, collectives_rank, reduce_rank_results
+from perfkit.core.formulas import busbw_factor
+from perfkit.measuring.collectives import CollectivesConfig, collectives_rank, reduce_rank_results
 
 
 def _hand_loop(x: torch.Tensor, warmup: int, iters: int) -> float:
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=64)
     args = parser.parse_args()
 
-    from perfkit.launch import launch
+    from perfkit.run.launch import launch
 
     size = args.size_mib << 20
     cfg = CollectivesConfig(ops=("all_reduce",), min_bytes=size, max_bytes=size, dtype="float32",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfkit.env import fingerprint, flat_columns
-from perfkit.results import load, write_rows
+from perfkit.core.env import fingerprint, flat_columns
+from perfkit.core.results import load, write_rows
 
 
 def _rows(first_config: int, n_configs: int, rng: random.Random, env: dict) -> pd.DataFrame:
@@ -59,7 +59,7 @@ def main() -> None:
         t0 = time.perf_counter()
         df = load(work)
         load_s = time.perf_counter() - t0
-        from perfkit.report import write_report
+        from perfkit.view.report import write_report
 
         t0 = time.perf_counter()
         out = write_report(work, work / "report.html")

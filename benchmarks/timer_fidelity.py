@@ -16,7 +16,7 @@ import statistics
 import torch
 import torch.utils.benchmark as tb
 
-from perfkit.timing import measure
+from perfkit.core.timing import measure
 
 
 def _cases():

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import BadInputError, PerfkitError
+from .core.errors import BadInputError, PerfkitError
 
 __all__ = ["main"]
 
@@ -16,7 +16,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _cmd_env(args) -> int:
-    from .env import fingerprint
+    from .core.env import fingerprint
 
     facts = fingerprint(args.device)
     if args.json:
@@ -31,8 +31,8 @@ def _cmd_env(args) -> int:
 
 
 def _parse_params(spec, pairs) -> dict:
-    from .errors import UnknownParameterError
-    from .notebooks import check_params, coerce_cli_value
+    from .core.errors import UnknownParameterError
+    from .run.notebooks import check_params, coerce_cli_value
 
     raw = {}
     for name, text in pairs or []:
@@ -43,9 +43,9 @@ def _parse_params(spec, pairs) -> dict:
 
 
 def _cmd_run(args) -> int:
-    from .execute import execute_config
-    from .notebooks import config_id, read_notebook
-    from .status import OK, SKIPPED
+    from .run.execute import execute_config
+    from .run.notebooks import config_id, read_notebook
+    from .core.status import OK, SKIPPED
 
     spec = read_notebook(args.notebook)
     params = _parse_params(spec, args.param)
@@ -66,7 +66,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from .report import write_report
+    from .view.report import write_report
 
     path = write_report(args.dir, args.output, title=args.title)
     print(f"report: {path} ({path.stat().st_size / 1e6:.2f} MB)")
@@ -74,17 +74,17 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_peaks(args) -> int:
-    from .peaks import peaks_table
+    from .measuring.peaks import peaks_table
 
     table = peaks_table(device=args.device, quick=not args.full, measure=not args.spec_only)
     if args.out:
-        from .peaks import record_peaks
+        from .measuring.peaks import record_peaks
 
         record_peaks(table, args.out)
     if args.json:
         print(json.dumps(table.to_dict(orient="records"), indent=2, default=str))
         return EXIT_OK
-    from .plots import format_si
+    from .view.plots import format_si
 
     for row in table.itertuples():
         what = row.dtype if row.kind == "compute" else row.level
@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Imported unguarded: `sweep` and `new` are part of perfkit, and a broken install (a missing
     # dependency, a syntax error) must show its traceback, not a CLI without those commands.
-    from .sweep.cli import add_sweep_commands
+    from .run.sweep.cli import add_sweep_commands
 
     add_sweep_commands(sub)
     return parser

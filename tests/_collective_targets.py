@@ -1,6 +1,6 @@
 """Rank targets for tests/test_collectives.py: the real benchmark with a rank made to misbehave.
 
-Run by :func:`perfkit.launch.launch` in the ranks' processes (``launch`` hands them the caller's
+Run by :func:`perfkit.run.launch.launch` in the ranks' processes (``launch`` hands them the caller's
 ``sys.path``, so ``_collective_targets:...`` imports there). Rank 1 wraps ``dist.all_reduce`` so
 that it misbehaves on its ``die_on_call``-th call: inside the timed iterations of the benchmark,
 while rank 0 is in (or about to enter) the same collective.
@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from perfkit.collectives import collectives_rank
+from perfkit.measuring.collectives import collectives_rank
 
 __all__ = ["die_mid_benchmark", "hang_mid_benchmark", "raise_mid_benchmark"]
 

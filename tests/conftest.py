@@ -63,7 +63,7 @@ def reference_dir():
 @pytest.fixture
 def run_context(tmp_path, monkeypatch):
     """Point record() at a temp results file, as an executor would."""
-    from perfkit.results import CONTEXT_ENV, RunContext
+    from perfkit.core.results import CONTEXT_ENV, RunContext
 
     ctx = RunContext(results_path=tmp_path / "results" / "cfg-1.parquet", config_id="cfg-1",
                      params={"batch_size": 8, "precision": "bf16", "sizes": [1, 2]}, notebook="t.ipynb")
@@ -72,7 +72,7 @@ def run_context(tmp_path, monkeypatch):
 
 
 def ceiling_row(kind, dtype, level, value, origin="measured"):
-    """One row of the ceilings table (perfkit.peaks.CEILING_COLUMNS) for hand-made ceiling sets."""
+    """One row of the ceilings table (perfkit.measuring.peaks.CEILING_COLUMNS) for hand-made ceiling sets."""
     return {"kind": kind, "dtype": dtype, "level": level, "value": value,
             "unit": "FLOP/s" if kind == "compute" else "bytes/s", "origin": origin,
             "source": "test"}

@@ -1,4 +1,4 @@
-"""perfkit.ceilings: plateau detection on synthetic curves, the C++ STREAM kernels, the table.
+"""perfkit.measuring.ceilings: plateau detection on synthetic curves, the C++ STREAM kernels, the table.
 
 The first test that needs the C++ extension builds it (~20-25 s on 2 cores); later runs load it
 from torch's extensions cache in well under a second.
@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from perfkit import ceilings
-from perfkit.ceilings import (CEILING_COLUMNS, STREAM_KERNELS, detect_levels, measure_bandwidth_curve,
-                              measure_ceilings)
-from perfkit.errors import BadInputError
+from perfkit.analyse.levels import cpu_cache_sizes, detect_levels
+from perfkit.measuring import ceilings, stream
+from perfkit.measuring.ceilings import CEILING_COLUMNS, measure_ceilings
+from perfkit.measuring.stream import STREAM_KERNELS, measure_bandwidth_curve
+from perfkit.core.errors import BadInputError
 
 KiB, MiB = 1 << 10, 1 << 20
 CACHES = {"L1": 96 * KiB, "L2": 4 * MiB, "L3": 300 * MiB}
@@ -126,16 +127,16 @@ def test_cpu_cache_sizes_sums_private_caches_and_counts_shared_ones_once(tmp_pat
         index(cpu, 1, 1, "Instruction", "32K", str(cpu))
         index(cpu, 2, 2, "Unified", "2048K", str(cpu))
         index(cpu, 3, 3, "Unified", "300M", "0-1")
-    sizes = ceilings.cpu_cache_sizes([0, 1], root=str(tmp_path))
+    sizes = cpu_cache_sizes([0, 1], root=str(tmp_path))
     assert sizes == {"L1": 96 * KiB, "L2": 4 * MiB, "L3": 300 * MiB}
-    assert ceilings.cpu_cache_sizes([0], root=str(tmp_path))["L2"] == 2 * MiB
+    assert cpu_cache_sizes([0], root=str(tmp_path))["L2"] == 2 * MiB
 
 
 # ------------------------------------------------------------------------------ C++ kernels
 
 @pytest.fixture(scope="module")
 def ext():
-    return ceilings.load_stream_extension()
+    return stream.load_stream_extension()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -179,14 +180,14 @@ def test_a_failed_build_raises_and_never_falls_back_to_torch_ops(monkeypatch):
         raise RuntimeError("Error building extension 'perfkit_stream_kernels': no OpenMP")
 
     monkeypatch.setattr(cpp_extension, "load", broken)
-    with pytest.raises(ceilings.ExtensionBuildError, match="no OpenMP"):
-        ceilings.load_stream_extension.__wrapped__()
+    with pytest.raises(stream.ExtensionBuildError, match="no OpenMP"):
+        stream.load_stream_extension.__wrapped__()
 
     def unbuildable():
-        raise ceilings.ExtensionBuildError("no compiler")
+        raise stream.ExtensionBuildError("no compiler")
 
-    monkeypatch.setattr(ceilings, "load_stream_extension", unbuildable)
-    with pytest.raises(ceilings.ExtensionBuildError):
+    monkeypatch.setattr(stream, "load_stream_extension", unbuildable)
+    with pytest.raises(stream.ExtensionBuildError):
         measure_bandwidth_curve("cpu", max_working_set_bytes=64 * KiB)
 
 
@@ -250,7 +251,7 @@ def test_matmul_throughput_counts_2mnk():
 
 
 def test_fp32_means_ieee_while_measuring_and_user_settings_come_back():
-    from perfkit import precision
+    from perfkit.core import precision
 
     mkldnn = torch.backends.mkldnn.matmul
     before = mkldnn.fp32_precision

@@ -104,7 +104,7 @@ def test_peaks_json_lists_measured_and_theoretical_ceilings(tmp_path):
     assert set(rows["workload"]) == {"ceiling"} and len(rows) == len(ceilings)
 
 
-@pytest.mark.parametrize("blocked", ["perfkit.sweep.engine", "perfkit.sweep.cli"])
+@pytest.mark.parametrize("blocked", ["perfkit.run.sweep.engine", "perfkit.run.sweep.cli"])
 def test_an_import_error_in_the_sweep_commands_surfaces(blocked):
     # A None entry in sys.modules makes `import NAME` raise ImportError (ModuleNotFoundError), as
     # a broken module or a missing dependency would. The CLI must show it, not quietly lose

@@ -13,10 +13,10 @@ import torch
 
 import perfkit
 from conftest import NOTEBOOKS, REPO
-from perfkit.commfit import fit_alpha_beta
-from perfkit.execute import execute_config
-from perfkit.notebooks import read_notebook
-from perfkit.plots.collectives import busbw_vs_size, knob_comparison, knobs_label
+from perfkit.analyse.commfit import fit_alpha_beta
+from perfkit.run.execute import execute_config
+from perfkit.run.notebooks import read_notebook
+from perfkit.view.plots.collectives import busbw_vs_size, knob_comparison, knobs_label
 
 NOTEBOOK = NOTEBOOKS / "collectives.ipynb"
 SPEC = REPO / "templates" / "collectives.yaml"
@@ -33,7 +33,7 @@ def _execute(tmp_path, name, **params):
 
 
 def _hv():
-    from perfkit.plots import hv_bokeh
+    from perfkit.view.plots import hv_bokeh
 
     return hv_bokeh()
 

@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.commfit import fit_alpha_beta
-from perfkit.plots.collectives import busbw_vs_size, fit_summary
+from perfkit.analyse.commfit import fit_alpha_beta
+from perfkit.view.plots.collectives import busbw_vs_size, fit_summary
 
 
 def _hv():
-    from perfkit.plots import hv_bokeh
+    from perfkit.view.plots import hv_bokeh
 
     return hv_bokeh()
 

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.commfit import MAX_CI_RATIO, MAX_REL_RMS, busbw_curve, fit_alpha_beta, predict, spec_link
-from perfkit.errors import BadInputError
+from perfkit.analyse.commfit import MAX_CI_RATIO, MAX_REL_RMS, busbw_curve, fit_alpha_beta, predict
+from perfkit.core.specs import spec_link
+from perfkit.core.errors import BadInputError
 
 _SIZES = 1024 * 4.0 ** np.arange(11)  # 1 KiB .. 1 GiB: five decades
 

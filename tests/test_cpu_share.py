@@ -11,8 +11,9 @@ import os
 
 import pytest
 
-from perfkit import cpu_share as cs
-from perfkit import devices, mfu
+from perfkit.core import cpu_share as cs
+from perfkit.core import devices
+from perfkit.analyse import mfu
 
 # logical CPU -> (package, core): 2 cores x 2 threads, siblings numbered together
 SMT_2X2 = {0: (0, 0), 1: (0, 0), 2: (0, 1), 3: (0, 1)}
@@ -120,7 +121,8 @@ def test_mfu_peak_is_of_what_the_ranks_had(smt):
 
 
 def test_training_row_states_threads_and_divides_by_their_cores(this_process_on_siblings):
-    from perfkit.training import TrainConfig, train_step_benchmark
+    from perfkit.measuring.train_config import TrainConfig
+    from perfkit.measuring.training import train_step_benchmark
 
     row = train_step_benchmark(TrainConfig(model="mlp", batch_size=8, steps=3, warmup_steps=1,
                                            precision="fp32", device="cpu", count_flops=False))

@@ -6,8 +6,9 @@ import types
 
 import pytest
 
-from perfkit import devices
-from perfkit.devices import SPEC_TABLE, cpu_theoretical_peak, spec_peaks
+from perfkit.core import devices, specs
+from perfkit.core.devices import cpu_theoretical_peak
+from perfkit.core.specs import SPEC_TABLE, spec_peaks
 
 
 def test_every_entry_has_a_source_and_positive_values():
@@ -74,7 +75,7 @@ def test_mi250x_is_per_gcd():
                                   "AMD Instinct MI210", "Intel(R) Xeon(R) Processor"])
 def test_unknown_devices_are_unknown(name):
     assert spec_peaks(name) is None
-    assert devices.spec_ceilings(name) == []
+    assert specs.spec_ceilings(name) == []
 
 
 # ---- exact parts (issue 11, item 12): names as torch reports them ----------------------------
@@ -93,7 +94,7 @@ def test_unknown_devices_are_unknown(name):
 ])
 def test_a_name_matches_its_exact_part_or_nothing(name):
     assert spec_peaks(name) is None, spec_peaks(name)
-    assert devices.spec_ceilings(name) == []
+    assert specs.spec_ceilings(name) == []
 
 
 @pytest.mark.parametrize("name,model", [
@@ -120,7 +121,7 @@ def test_mi250_and_mi250x_told_apart_by_compute_units(reference_dir):
 
 
 def test_reference_lookups_use_the_device_compute_units():
-    from perfkit import mfu
+    from perfkit.analyse import mfu
 
     def info(units):
         return devices.DeviceInfo(kind="rocm", torch_device="cuda:0", name="AMD Instinct MI250X / MI250",
@@ -147,7 +148,7 @@ def test_detect_reads_the_compute_units(monkeypatch):
 
 
 def test_nvlink_figures_belong_to_their_part():
-    from perfkit.commfit import spec_link
+    from perfkit.core.specs import spec_link
 
     assert spec_link("NVIDIA H100 80GB HBM3")[0] == 450e9 and spec_link("NVIDIA H200")[0] == 450e9
     h800, source = spec_link("NVIDIA H800")

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from perfkit.errors import BadInputError
-from perfkit.launch import LaunchResult, launch
+from perfkit.core.errors import BadInputError
+from perfkit.run.launch import LaunchResult, launch
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +208,7 @@ def test_explicit_c10d_endpoint_on_one_node():
 
 
 def test_slurm_rendezvous_reads_the_allocation():
-    from perfkit.launch import _expand_nodelist, slurm_rendezvous
+    from perfkit.run.launch import _expand_nodelist, slurm_rendezvous
 
     assert _expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     assert _expand_nodelist("n[8-10]") == ["n8", "n9", "n10"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.collectives import message_bytes
-from perfkit.nccl_log import knob_check, observed, parse, summarize_check
+from perfkit.core.formulas import message_bytes
+from perfkit.analyse.nccl_log import knob_check, observed, parse, summarize_check
 
 _LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "nccl-logs"
 

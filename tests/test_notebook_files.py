@@ -33,8 +33,8 @@ def test_shipped_notebook_is_clean_and_names_the_perfkit_kernel(path):
 
 
 def test_plots_load_inline_by_default_and_cdn_on_request(monkeypatch):
-    from perfkit import display
-    from perfkit.errors import BadInputError
+    from perfkit.view import display
+    from perfkit.core.errors import BadInputError
 
     monkeypatch.setattr(display, "_chosen", None)
     monkeypatch.delenv(display.RESOURCES_ENV, raising=False)
@@ -53,7 +53,7 @@ def test_plots_load_inline_by_default_and_cdn_on_request(monkeypatch):
 
 def test_inline_mode_leaves_no_cdn_link_in_a_plot(monkeypatch):
     """holoviews' panel layouts reference panel's CDN stylesheets unless perfkit inlines them."""
-    from perfkit import display
+    from perfkit.view import display
 
     monkeypatch.setattr(display, "_chosen", "inline")
     monkeypatch.setattr(display, "_loaded", None)
@@ -69,7 +69,7 @@ def test_inline_mode_leaves_no_cdn_link_in_a_plot(monkeypatch):
 def test_executed_notebooks_are_trusted(tmp_path, monkeypatch):
     from nbformat.sign import NotebookNotary
 
-    from perfkit.notebooks import trust_executed
+    from perfkit.run.notebooks import trust_executed
 
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])

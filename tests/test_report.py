@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfkit.env import fingerprint, flat_columns
-from perfkit.report import write_report
-from perfkit.results import write_rows
+from perfkit.core.env import fingerprint, flat_columns
+from perfkit.view.report import write_report
+from perfkit.core.results import write_rows
 
 EVIL = "<script>alert('pwned')</script>"
 

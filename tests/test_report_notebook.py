@@ -13,8 +13,8 @@ import pytest
 
 import perfkit
 from conftest import NOTEBOOKS
-from perfkit.errors import BadInputError
-from perfkit.report import REPORT_DIR_ENV, notebook_results_dir
+from perfkit.core.errors import BadInputError
+from perfkit.view.report import REPORT_DIR_ENV, notebook_results_dir
 
 NOTEBOOK = NOTEBOOKS / "report.ipynb"
 

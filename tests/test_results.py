@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 import perfkit
-from perfkit import results
-from perfkit.errors import BadInputError, ConfigurationSkipped
+from perfkit.core import results
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
 
 
 def test_round_trip_keeps_dtypes_units_and_samples(run_context, tmp_path):

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.errors import BadInputError
-from perfkit.roofline import (
+from perfkit.core.errors import BadInputError
+from perfkit.analyse.roofline import (
     POINT_COLUMNS,
     STEP_OP,
     attainable_flop_per_s,

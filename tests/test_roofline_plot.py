@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from conftest import NOTEBOOKS, ceiling_row
-from perfkit.plots._common import hv_bokeh
-from perfkit.plots.roofline import roofline, roofline_static
-from perfkit.roofline import STEP_OP, roofline_points
+from perfkit.view.plots._common import hv_bokeh
+from perfkit.view.plots.roofline import roofline, roofline_static
+from perfkit.analyse.roofline import STEP_OP, roofline_points
 
 G = 1e9
 hv = hv_bokeh()
@@ -164,7 +164,7 @@ def test_no_widget_and_no_points(ceilings):
 # ---- the measuring helper and the notebook ---------------------------------------------------
 
 def test_placement_origin_prefers_measured(ceilings):
-    from perfkit.roofline_step import placement_origin
+    from perfkit.measuring.roofline_step import placement_origin
 
     assert placement_origin(ceilings, "fp32") == "measured"
     theoretical_only = ceilings[ceilings["origin"] == "theoretical"]
@@ -172,7 +172,7 @@ def test_placement_origin_prefers_measured(ceilings):
 
 
 def test_profile_step_counts_and_times_an_mlp_step(ceilings):
-    from perfkit import roofline_step, workloads
+    from perfkit.measuring import roofline_step, workloads
 
     work = workloads.build(workloads.make_spec("mlp", in_features=8, hidden_features=16,
                                                out_features=4, depth=2))
@@ -233,7 +233,7 @@ def test_notebook_skips_a_precision_the_device_cannot_honour(tmp_path):
 
 
 def test_report_section_draws_each_model_with_its_ceilings(ceilings):
-    from perfkit.plots.roofline import roofline_section
+    from perfkit.view.plots.roofline import roofline_section
 
     pts = pd.concat([_points(ceilings, n=n, batch_size=n, model=m, config_id=f"{m}-{n}")
                      for m in ("mlp", "convnet") for n in (16, 32)], ignore_index=True)

@@ -2,7 +2,7 @@
 peaks only over its own rows (issue 11, item 11).
 
 The GPU node is faked: torch.cuda says one "NVIDIA H100 80GB HBM3" is visible (the same calls
-perfkit.devices.detect makes on a real node); everything else runs on this CPU.
+perfkit.core.devices.detect makes on a real node); everything else runs on this CPU.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from conftest import ceiling_row
-from perfkit import env
-from perfkit.devices import cpu_model_name, spec_peaks
-from perfkit.plots._common import hv_bokeh
-from perfkit.results import record
+from perfkit.core import env
+from perfkit.core.devices import cpu_model_name
+from perfkit.core.specs import spec_peaks
+from perfkit.view.plots._common import hv_bokeh
+from perfkit.core.results import record
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_FP32 = spec_peaks(H100).flop_per_s["fp32"]
@@ -89,7 +90,7 @@ def _texts(obj) -> list[str]:
 
 
 def test_report_draws_no_gpu_peak_over_cpu_gemm_rows():
-    from perfkit.report import sections
+    from perfkit.view.report import sections
 
     df = pd.DataFrame(_gemm_rows("cpu", "cpu-cfg", 5e10))
     (title, obj), = [s for s in sections(df) if s[0] == "GEMM throughput"]
@@ -98,7 +99,7 @@ def test_report_draws_no_gpu_peak_over_cpu_gemm_rows():
 
 
 def test_report_splits_gemm_by_device_each_under_its_own_peaks():
-    from perfkit.report import sections
+    from perfkit.view.report import sections
 
     df = pd.DataFrame(_gemm_rows("cpu", "cpu-cfg", 5e10) + _gemm_rows("cuda:0", "gpu-cfg", 5e13))
     (title, obj), = [s for s in sections(df) if s[0] == "GEMM throughput"]
@@ -125,7 +126,7 @@ def _ceilings(device: str, config: str, kind: str, name: str, rows: list[dict]) 
 
 
 def test_roofline_draws_no_gpu_roof_over_cpu_points():
-    from perfkit.plots.roofline import roofline_section
+    from perfkit.view.plots.roofline import roofline_section
 
     cpu_roofs = [ceiling_row("compute", "fp32", None, 2e11, origin="theoretical"),
                  ceiling_row("memory", None, "DRAM", 2e10)]

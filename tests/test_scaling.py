@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.errors import BadInputError
-from perfkit.scaling import scaling_efficiency, step_breakdown
+from perfkit.core.errors import BadInputError
+from perfkit.analyse.scaling import scaling_efficiency, step_breakdown
 
 
 def _points(rows):

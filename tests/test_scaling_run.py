@@ -13,22 +13,23 @@ import pytest
 
 import perfkit
 from conftest import NOTEBOOKS, REPO
-from perfkit import parallel, scaling
-from perfkit.errors import BadInputError, ExecutionFailed
-from perfkit.plots.scaling import (
+from perfkit.measuring import parallel
+from perfkit.analyse import scaling
+from perfkit.core.errors import BadInputError, ExecutionFailed
+from perfkit.view.plots.scaling import (
     breakdown_bars,
     efficiency_vs_world_size,
     scaling_section,
     throughput_vs_world_size,
 )
-from perfkit.scaling_run import (
+from perfkit.measuring.scaling_run import (
     ScalingConfig,
     _gradient_sync_disabled,
     _straggling,
     raise_if_failed,
     run_scaling,
 )
-from perfkit.training import TrainConfig
+from perfkit.measuring.train_config import TrainConfig
 
 TINY = TrainConfig(parallelism="ddp", steps=3, device="cpu")
 CONTRACT = ["world_size", "parallelism", "step_time_s", "global_batch_size", "per_device_batch_size",
@@ -38,7 +39,7 @@ CONTRACT = ["world_size", "parallelism", "step_time_s", "global_batch_size", "pe
 
 
 def _hv():
-    from perfkit.plots import hv_bokeh
+    from perfkit.view.plots import hv_bokeh
 
     return hv_bokeh()
 

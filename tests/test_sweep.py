@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 import perfkit
-import perfkit.sweep
-from perfkit.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
-from perfkit.sweep.engine import device_slots
+import perfkit.run.sweep
+from perfkit.run.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
+from perfkit.run.sweep.engine import device_slots
 
 MODES = Path(__file__).parent / "notebooks" / "modes.ipynb"
 TRIVIAL = Path(__file__).parent / "notebooks" / "trivial.ipynb"
@@ -237,7 +237,7 @@ def test_perfkit_new_scaffolds_a_runnable_pair(tmp_path):
     assert out.returncode == 0, out.stderr
     spec = yaml.safe_load((tmp_path / "mybench.yaml").read_text())
     assert spec["notebook"] == "mybench.ipynb"
-    configs = expand(perfkit.sweep.load_spec(tmp_path / "mybench.yaml"))
+    configs = expand(perfkit.run.sweep.load_spec(tmp_path / "mybench.yaml"))
     assert len(configs) == 6
     again = subprocess.run([sys.executable, "-m", "perfkit.cli", "new", "mybench", "--dir", tmp_path],
                            capture_output=True, text=True, timeout=60)
@@ -245,10 +245,10 @@ def test_perfkit_new_scaffolds_a_runnable_pair(tmp_path):
 
 
 def test_status_for_error_maps_execution_failures():
-    from perfkit.status import status_for_error
+    from perfkit.core.status import status_for_error
 
     assert status_for_error("ExecutionFailed", "timeout: Timeout: no result within 0.5 s") == "timeout"
-    assert status_for_error("perfkit.errors.ExecutionFailed", "oom: OutOfMemoryError in cell 3: x") == "oom"
+    assert status_for_error("perfkit.core.errors.ExecutionFailed", "oom: OutOfMemoryError in cell 3: x") == "oom"
     assert status_for_error("ExecutionFailed", "weird text") == "failed"
     assert status_for_error("RuntimeError", "DefaultCPUAllocator: can't allocate memory: you tried") == "oom"
     assert status_for_error("OutOfMemoryError", "CUDA out of memory") == "oom"
@@ -259,7 +259,7 @@ def test_status_for_error_maps_execution_failures():
 def test_a_warming_kernel_runs_at_idle_priority_until_handed_a_configuration():
     # A slot's next kernel starts while the current configuration is measured on the same cores;
     # it must not perturb that measurement, then must measure at normal priority itself.
-    from perfkit.execute import WarmKernel
+    from perfkit.run.execute import WarmKernel
 
     kernel = WarmKernel(preload=("import json",), background=True)
     try:
@@ -288,7 +288,7 @@ NO_RECORD = Path(__file__).parent / "notebooks" / "no_record.ipynb"
 
 def test_a_kernel_that_fails_to_start_fails_its_configuration_not_the_sweep(tmp_path, monkeypatch):
     # Every configuration still ends with a ledger entry and a row, the slot goes on, exit code 1.
-    import perfkit.sweep.engine as engine
+    import perfkit.run.sweep.engine as engine
 
     class NoKernel:
         def __init__(self, **kwargs):
@@ -310,7 +310,7 @@ def test_a_kernel_that_fails_to_start_fails_its_configuration_not_the_sweep(tmp_
 
 
 def test_an_engine_error_around_a_configuration_is_recorded(tmp_path, monkeypatch):
-    import perfkit.sweep.engine as engine
+    import perfkit.run.sweep.engine as engine
 
     def broken_run_one(c, *args, **kwargs):
         raise OSError("the engine tripped")
@@ -324,8 +324,8 @@ def test_an_engine_error_around_a_configuration_is_recorded(tmp_path, monkeypatc
 
 
 def test_exit_code_counts_configurations_without_an_ending(tmp_path):
-    from perfkit.execute import Outcome
-    from perfkit.sweep import SweepResult
+    from perfkit.run.execute import Outcome
+    from perfkit.run.sweep import SweepResult
 
     ok = Outcome(config_id="a", status="ok", error_name=None, message=None, cell=None,
                  output_notebook=tmp_path / "a.ipynb", results_path=tmp_path / "a.parquet",
@@ -345,7 +345,7 @@ def test_an_ok_notebook_that_records_nothing_leaves_a_row(tmp_path):
 
 
 def _entry(cid, status, attempt=1, **kw):
-    from perfkit.sweep.ledger import LedgerEntry
+    from perfkit.run.sweep.ledger import LedgerEntry
 
     return LedgerEntry(config_id=cid, status=status, attempt=attempt, notebook="nb.ipynb", params={"x": 1}, **kw)
 

@@ -21,9 +21,10 @@ import pytest
 import yaml
 
 import perfkit
-from perfkit.errors import BadInputError
-from perfkit.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
-from perfkit.sweep.slurm import _expand_ids, parse_sbatch_options, slurm_parameters
+from perfkit.core.errors import BadInputError
+from perfkit.run.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
+from perfkit.run.sweep.slurm import _expand_ids
+from perfkit.run.sweep.slurm_settings import parse_sbatch_options, slurm_parameters
 
 try:
     from slurm_cluster import SlurmCluster, ensure_slurm
@@ -124,7 +125,7 @@ def test_an_unreadable_jobs_file_is_refused_never_reset(tmp_path, text):
 
 
 def test_jobs_file_is_replaced_atomically(tmp_path, monkeypatch):
-    from perfkit.sweep.slurm import _Jobs
+    from perfkit.run.sweep.slurm import _Jobs
 
     path = tmp_path / "slurm" / "jobs.json"
     jobs = _Jobs(path)
@@ -152,7 +153,7 @@ def test_jobs_file_is_replaced_atomically(tmp_path, monkeypatch):
 def test_same_results_as_the_local_executor(cluster, tmp_path):
     """(a) several configurations, (c) a raising one ends failed with its error; re-running submits nothing;
     an ok notebook that records nothing leaves its status row (issue 11)."""
-    from perfkit.sweep.slurm import run_slurm_sweep
+    from perfkit.run.sweep.slurm import run_slurm_sweep
 
     spec = SweepSpec(parts=(
         SweepPart(notebook=MODES, grid={"mode": ["ok", "raise", "memory_error", "skip", "write_then_raise"]}),
@@ -205,7 +206,7 @@ def test_same_results_as_the_local_executor(cluster, tmp_path):
 @pytest.mark.timeout(300)
 def test_time_limit_ends_timeout(cluster, tmp_path):
     """(b) Slurm, not perfkit, kills it (no timeout_s; 1-minute limit; the notebook sleeps 10)."""
-    from perfkit.sweep.slurm import run_slurm_sweep
+    from perfkit.run.sweep.slurm import run_slurm_sweep
 
     spec = SweepSpec(parts=(SweepPart(notebook=MODES, parameters={"mode": "sleep", "sleep_s": 600.0}),),
                      slurm={"partition": cluster.partition, "time_limit_min": 1})
@@ -232,7 +233,7 @@ def test_time_limit_ends_timeout(cluster, tmp_path):
 @pytest.mark.timeout(240)
 def test_a_crashing_task_ends_failed_with_its_traceback(cluster, tmp_path):
     """(c) the task itself dies (a broken perfkit on the node): Slurm FAILED → failed + traceback."""
-    from perfkit.sweep.slurm import run_slurm_sweep
+    from perfkit.run.sweep.slurm import run_slurm_sweep
 
     shadow = tmp_path / "shadow" / "perfkit"
     shadow.mkdir(parents=True)
@@ -270,7 +271,7 @@ def test_scancel_ends_killed_ctrl_c_leaves_tasks_and_resume_reattaches(cluster, 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"notebook": str(MODES), "parameters": {"mode": "sleep", "sleep_s": 40.0},
                                     "grid": {"label": ["a", "b"]}}))
-    cid = {c.params["label"]: c.config_id for c in expand(perfkit.sweep.load_spec(spec))}
+    cid = {c.params["label"]: c.config_id for c in expand(perfkit.run.sweep.load_spec(spec))}
     out = tmp_path / "out"
     jobs_file = out / "slurm" / "jobs.json"
     t0 = time.monotonic()

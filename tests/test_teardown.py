@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 import perfkit
-from perfkit import _teardown
-from perfkit.sweep import Ledger, expand, load_spec
+from perfkit.run import _teardown
+from perfkit.run.sweep import Ledger, expand, load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ RANKS_UP_WITHIN_S = 180.0
 # A launcher that, like a JupyterLab kernel, lives on after a Ctrl-C ends its cell.
 _LAUNCH = """
 import sys, time
-from perfkit.launch import launch
+from perfkit.run.launch import launch
 try:
     launch("_teardown_targets:sleep_forever_target", {"pid_dir": sys.argv[1], "hang_file": sys.argv[2]},
            world_size=2, backend="gloo", timeout_s=3600)
@@ -202,7 +202,7 @@ _SPAWN_ELSEWHERE = ("import subprocess, sys; subprocess.Popen([sys.executable, '
 
 
 def test_shutting_down_a_kernel_kills_what_it_started_in_other_sessions():
-    from perfkit.execute import WarmKernel
+    from perfkit.run.execute import WarmKernel
 
     marker, env = _marker_env()
     kernel = WarmKernel(env={marker: "1"})
@@ -217,7 +217,7 @@ def test_shutting_down_a_kernel_kills_what_it_started_in_other_sessions():
 
 _ORPHANED_KERNEL = f"""
 import time
-from perfkit.execute import WarmKernel
+from perfkit.run.execute import WarmKernel
 kernel = WarmKernel()
 kernel.run_code({_SPAWN_ELSEWHERE!r})
 print("spawned", flush=True)

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from perfkit.timing import Measurement, measure
+from perfkit.core.timing import Measurement, measure
 
 
 class FakeClock:

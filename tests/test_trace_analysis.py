@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.errors import BadInputError
-from perfkit.trace_analysis import (
+from perfkit.core.errors import BadInputError
+from perfkit.analyse.trace_analysis import (
     comm_compute_overlap,
     gpu_events,
     intersection_length,

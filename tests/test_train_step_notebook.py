@@ -14,8 +14,8 @@ import torch
 
 import perfkit
 from conftest import NOTEBOOKS, REPO
-from perfkit.notebooks import read_notebook
-from perfkit.plots.training import (
+from perfkit.run.notebooks import read_notebook
+from perfkit.view.plots.training import (
     memory_vs_batch,
     mfu_vs_batch,
     throughput_vs_batch,
@@ -39,7 +39,7 @@ def _run(tmp_path, *params):
 
 
 def _hv():
-    from perfkit.plots import hv_bokeh
+    from perfkit.view.plots import hv_bokeh
 
     return hv_bokeh()
 

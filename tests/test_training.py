@@ -16,12 +16,13 @@ import statistics
 import pytest
 import torch
 
-from perfkit import mfu, workloads
-from perfkit.devices import CpuPeak
-from perfkit.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
-from perfkit.training import (
+from perfkit.analyse import mfu
+from perfkit.measuring import workloads
+from perfkit.core.devices import CpuPeak
+from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
+from perfkit.measuring.train_config import TrainConfig
+from perfkit.measuring.training import (
     OutOfMemoryError,
-    TrainConfig,
     find_max_batch_size,
     raise_for_status,
     run_training,

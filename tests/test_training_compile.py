@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from perfkit.training import TrainConfig, train_step_benchmark
+from perfkit.measuring.train_config import TrainConfig
+from perfkit.measuring.training import train_step_benchmark
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfkit import widgets
+from perfkit.view import widgets
 
 TRIVIAL = Path(__file__).parent / "notebooks" / "trivial.ipynb"
 
@@ -62,6 +62,6 @@ def test_explore_has_a_widget_per_dimension(monkeypatch):
 
 
 def perfkit_bad_input():
-    from perfkit.errors import BadInputError
+    from perfkit.core.errors import BadInputError
 
     return BadInputError

@@ -7,8 +7,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from perfkit.errors import BadInputError
-from perfkit.workloads import (
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.workloads import (
     ConvNetConfig,
     MLPConfig,
     TransformerConfig,

@@ -1,0 +1,209 @@
+"""What a training-step benchmark is asked to run, and whether this machine can run it.
+
+:class:`TrainConfig` (one configuration, every field a column of the row), the workload spec it
+trains (:func:`workload_spec`), and :func:`check_supported`, which raises
+:class:`~perfkit.core.errors.ConfigurationSkipped` for a setting the device cannot honour before
+any work starts. The step itself runs in :mod:`perfkit.measuring.training`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from perfkit.core import precision
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.measuring import parallel, workloads
+
+__all__ = ["TrainConfig", "PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp8")
+#: The ``workload`` column of every training-step row.
+WORKLOAD = "train_step"
+# Set from the TrainConfig, never from model_size.
+_OWN_SIZE_KEYS = {"seq_len": "seq_len", "seed": "seed"}
+
+
+@dataclass(kw_only=True, frozen=True)
+class TrainConfig:
+    """One training-step configuration. Every field becomes a column of the results row."""
+
+    model: str = "mlp"
+    """``mlp``, ``transformer`` or ``convnet`` (:mod:`perfkit.measuring.workloads`)."""
+    model_size: Mapping[str, object] = field(default_factory=dict)
+    """Size fields of the workload's config (:class:`~perfkit.measuring.workloads.TransformerConfig`:
+    ``n_layers``, ``d_model``, ``n_heads``, ``vocab_size``, ...; :class:`~perfkit.measuring.workloads.MLPConfig`:
+    ``in_features``, ``hidden_features``, ``depth``, ...); unset fields keep the workload's
+    defaults. ``seq_len`` and ``seed`` come from this config."""
+    batch_size: int = 32
+    """Global batch in samples (sequences for the transformer), split across data-parallel ranks."""
+    seq_len: int = 32
+    """Tokens per sequence (transformer only; other models ignore it)."""
+    precision: str = "fp32"
+    """``fp32``, ``tf32`` (CUDA), ``bf16``/``fp16`` (autocast; fp16 with a GradScaler),
+    ``bf16-pure`` (bf16 weights and optimizer state) or ``fp8`` (torchao, Ada/Hopper/MI300)."""
+    compile: bool = False
+    """Wrap the (parallelized) model in ``torch.compile``."""
+    compile_mode: str | None = None
+    """``torch.compile`` mode (None: the default)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward (non-reentrant checkpoint)."""
+    parallelism: str = "none"
+    """``none`` (one process), ``ddp``, ``fsdp`` (FSDP2 ``fully_shard``) or ``tp``."""
+    world_size: int = 1
+    """Ranks; 1 with ``none``."""
+    device: str = "auto"
+    """``cpu``, ``cuda`` (also ROCm) or ``auto`` (cuda when available)."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB."""
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients alias the all-reduce buckets (saves one copy and its memory)."""
+    static_graph: bool = False
+    """DDP: the set of used parameters never changes (allows more overlap)."""
+    comm_hook: str = "none"
+    """DDP gradient compression: ``none``, ``fp16`` or ``bf16`` (NCCL only)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered block parameters after forward (all-gather again in backward)."""
+    fsdp_param_dtype: str | None = None
+    """FSDP2 mixed precision: dtype of the gathered parameters (``bfloat16``, ...)."""
+    fsdp_reduce_dtype: str | None = None
+    """FSDP2 mixed precision: dtype of the gradient reduce-scatter."""
+    steps: int = 5
+    """Optimizer steps in all, warm-up included."""
+    warmup_steps: int = 1
+    """Leading steps left out of the timing (allocator, lazy init, compilation)."""
+    seed: int = 0
+    """Seeds the weights and the synthetic data; the same on every rank."""
+    lr: float = 1e-2
+    """AdamW learning rate (high enough that a few steps show the loss fall)."""
+    count_flops: bool = True
+    """Count the FLOP of the first warm-up step (:class:`perfkit.measuring.counting.OpCounter`) for the
+    counted-FLOP utilisation; needs ``warmup_steps >= 1`` and no ``compile``."""
+    address_space_headroom_bytes: int | None = None
+    """Cap each rank's address space (RLIMIT_AS) at its size after start-up plus this many bytes,
+    to find an OOM edge on CPU without the kernel's OOM killer; forces separate processes."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "model_size", dict(self.model_size))
+        _check_choice("model", self.model, workloads.NAMES)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("parallelism", self.parallelism, ("none", "ddp", "fsdp", "tp"))
+        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        _check_choice("comm_hook", self.comm_hook, ("none", "fp16", "bf16"))
+        if set(self.model_size) & set(_OWN_SIZE_KEYS):
+            raise BadInputError(f"set {sorted(set(self.model_size) & set(_OWN_SIZE_KEYS))} on the "
+                                "TrainConfig, not in model_size")
+        if min(self.batch_size, self.seq_len, self.world_size, self.steps) < 1:
+            raise BadInputError("batch_size, seq_len, world_size and steps must be >= 1")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise BadInputError(
+                f"need 0 <= warmup_steps < steps, got {self.warmup_steps}, {self.steps}")
+        if self.parallelism == "none" and self.world_size != 1:
+            raise BadInputError("parallelism 'none' runs one process: world_size must be 1")
+        if self.parallelism in ("ddp", "fsdp") and self.batch_size % self.world_size:
+            raise BadInputError(f"batch_size {self.batch_size} does not split over "
+                                f"{self.world_size} data-parallel ranks")
+        if self.compile_mode is not None and not self.compile:
+            raise BadInputError("compile_mode is set but compile is False")
+        if self.comm_hook != "none" and self.parallelism != "ddp":
+            raise BadInputError("comm_hook applies to parallelism 'ddp' only")
+        if not self.lr > 0 or (self.address_space_headroom_bytes or 1) < 1:
+            raise BadInputError("lr and address_space_headroom_bytes must be positive")
+        spec = workload_spec(self)  # unknown or bad size names fail here, before any work
+        if self.parallelism == "tp":
+            _check_tp(spec, self.world_size)
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields (what :func:`train_rank` takes)."""
+        return asdict(self)
+
+    def as_row(self) -> dict:
+        """Fields as results columns; ``model_size`` flattened to ``model_<name>`` columns."""
+        row = self.as_dict()
+        row.update({f"model_{k}": json.dumps(v) if isinstance(v, (list, tuple)) else v
+                    for k, v in row.pop("model_size").items()})
+        return row
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise BadInputError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec:
+    """The :mod:`perfkit.measuring.workloads` config ``cfg`` trains: ``model_size`` over the workload's
+    defaults, with the config's ``seed`` (and ``seq_len`` for the transformer)."""
+    size = {**cfg.model_size, "seed": cfg.seed}
+    if cfg.model == "transformer":
+        size["seq_len"] = cfg.seq_len
+    return workloads.make_spec(cfg.model, **size)
+
+
+def _check_tp(spec, world_size: int) -> None:
+    # Column/row splits must give every rank whole heads and equal shards.
+    if isinstance(spec, workloads.TransformerConfig):
+        if spec.n_heads % world_size:
+            raise BadInputError(f"tensor parallel over {world_size} ranks needs n_heads divisible "
+                                f"by it, got {spec.n_heads}")
+    elif isinstance(spec, workloads.MLPConfig):
+        if spec.depth < 2 or spec.hidden_features % world_size:
+            raise BadInputError(f"tensor parallel of the mlp needs depth >= 2 and hidden_features "
+                                f"divisible by {world_size}, got {spec.depth}, {spec.hidden_features}")
+    else:
+        raise BadInputError(f"{spec.name} has no tensor-parallel plan (mlp and transformer have)")
+
+
+# ---- device support ----------------------------------------------------------------------------
+
+
+def config_device(cfg: TrainConfig) -> str:
+    """The device kind ``cfg`` runs on: ``auto`` resolved to ``cuda`` or ``cpu``."""
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def _gpu_arch() -> tuple[str, tuple[int, int] | None]:
+    """Device 0's ``(gfx arch name, None)`` on ROCm, ``("cuda", compute capability)`` on CUDA."""
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(0).gcnArchName, None
+    return "cuda", torch.cuda.get_device_capability(0)
+
+
+def check_supported(cfg: TrainConfig) -> None:
+    """Raise :class:`ConfigurationSkipped` when this machine cannot honour ``cfg``; nothing else."""
+    device = config_device(cfg)
+    if device == "cpu":
+        if cfg.precision in ("tf32", "fp8"):
+            raise ConfigurationSkipped(f"{cfg.precision} needs GPU tensor cores; the device is CPU")
+    else:
+        if not torch.cuda.is_available():
+            raise ConfigurationSkipped("device 'cuda' requested but no CUDA/ROCm device is visible")
+        if cfg.world_size > torch.cuda.device_count():  # one GPU per rank, one node
+            raise ConfigurationSkipped(
+                f"world_size {cfg.world_size} > {torch.cuda.device_count()} GPUs on this node")
+        arch, capability = _gpu_arch()
+        if capability is not None:
+            sm = f"sm_{capability[0]}{capability[1]}"
+            if cfg.precision == "tf32" and capability < (8, 0):  # tf32 arrived with Ampere
+                raise ConfigurationSkipped(f"tf32 needs sm_80+, device is {sm}")
+            # fp8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards.
+            if cfg.precision == "fp8" and capability < (8, 9):
+                raise ConfigurationSkipped(f"fp8 needs sm_89+, device is {sm}")
+        # ROCm: tf32 needs torch >= 2.7 and MI300+; fp8 an arch with an e4m3 variant.
+        elif cfg.precision == "tf32" and (reason := precision.rocm_tf32_reason(arch)):
+            raise ConfigurationSkipped(reason)
+        elif cfg.precision == "fp8" and (reason := precision.fp8_reason(arch)):
+            raise ConfigurationSkipped(reason)
+        if cfg.precision in ("bf16", "bf16-pure") and not torch.cuda.is_bf16_supported():
+            raise ConfigurationSkipped("this GPU has no bfloat16 support")
+    if cfg.precision == "fp8":
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            raise ConfigurationSkipped("fp8 training needs torchao (torchao.float8)") from None
+    if cfg.parallelism == "ddp":
+        parallel.check_comm_hook(cfg.comm_hook, "nccl" if device == "cuda" else "gloo")

@@ -1,0 +1,365 @@
+"""The training-step benchmark: one configuration in, one results row out.
+
+A seeded synthetic task from :mod:`perfkit.measuring.workloads` (``mlp`` regression, ``transformer``
+next-token prediction, ``convnet`` classification) runs ``steps`` optimizer steps; every step
+after ``warmup_steps`` is timed between device synchronizations and kept as a raw sample. The
+global batch is the same whatever the parallelism: DDP and FSDP split it across ranks, tensor
+parallel gives every rank all of it, so a parallel run follows the single-process loss
+trajectory (up to floating-point reassociation).
+
+The row (``workload = "train_step"``) holds the step time (median, IQR, raw samples), samples/s
+and tokens/s, peak memory, the loss trajectory, and MFU beside the counted-FLOP utilisation
+(:mod:`perfkit.analyse.mfu`; the convention in ``mfu_convention``). The counted FLOP come from
+:class:`perfkit.measuring.counting.OpCounter` around the forward and backward of the first warm-up step
+(the optimizer step is left out, as it is from the analytic model FLOP), so counting costs no
+timed step and changes no number; under tensor parallel and torch.compile nothing is counted
+(NaN, with the reason in ``counted_flop_reason``).
+
+The configuration and the device-support check are in :mod:`perfkit.measuring.train_config`.
+Entry points: :func:`train_step_benchmark` (this process), :func:`train_rank` (a
+:func:`perfkit.run.launch.launch` target), :func:`run_training` (either, always a row),
+:func:`find_max_batch_size` and, for notebooks, :func:`raise_for_status`. A setting the device
+cannot honour raises :class:`~perfkit.core.errors.ConfigurationSkipped` before any work
+(``run_training``: a ``skipped`` row).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from perfkit.analyse import mfu
+from perfkit.core import precision
+from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
+from perfkit.core.status import OK, OOM, SKIPPED, status_for_error
+from perfkit.core.timing import Measurement
+from perfkit.measuring import parallel, workloads
+from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
+
+__all__ = ["train_step_benchmark", "train_rank", "run_training", "find_max_batch_size",
+           "raise_for_status", "OutOfMemoryError"]
+
+# ---- the benchmark -----------------------------------------------------------------------------
+
+
+def _batch_seed(cfg: TrainConfig, step: int) -> int:
+    # Global batch `step` is one draw from (seed, step), whatever the parallelism.
+    return cfg.seed * 2**32 + step
+
+
+def _batch(cfg: TrainConfig, work: workloads.Workload, step: int, ctx: parallel.DistContext,
+           device: torch.device):
+    """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
+    single process see the same global batch."""
+    inputs, target = work.make_batch(cfg.batch_size, seed=_batch_seed(cfg, step))
+    size = cfg.batch_size // ctx.dp_size
+    lo = size * ctx.dp_rank
+    inputs, target = inputs[lo:lo + size].to(device), target[lo:lo + size].to(device)
+    if cfg.precision == "bf16-pure" and inputs.is_floating_point():
+        inputs = inputs.to(torch.bfloat16)
+    return inputs, target
+
+
+def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloads.Workload]:
+    # Weights come from spec.seed: identical on every rank and in one process.
+    work = workloads.build(workload_spec(cfg), device=device,
+                           dtype=torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32)
+    model = work.model
+    model.activation_checkpointing = cfg.activation_checkpointing
+    if cfg.precision == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model)
+    if cfg.parallelism == "ddp":
+        model = parallel.wrap_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb,
+                                  gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+                                  static_graph=cfg.static_graph, comm_hook=cfg.comm_hook)
+    elif cfg.parallelism == "fsdp":
+        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard_after_forward,
+                                    param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
+                                    reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
+    elif cfg.parallelism == "tp":
+        model = parallel.apply_tp(model)
+    if cfg.compile:
+        model = torch.compile(model, mode=cfg.compile_mode)
+    return model, work
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_mem_bytes(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    # ru_maxrss is in KiB on Linux (bytes on macOS) and covers the process's whole life.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "cpu_max_rss"
+
+
+def _count_reason(cfg: TrainConfig) -> str | None:
+    """Why the first step's FLOP are not counted, or None when they are."""
+    if not cfg.count_flops:
+        return "count_flops is off"
+    if cfg.warmup_steps < 1:
+        return "no warm-up step to count on (warmup_steps is 0)"
+    if cfg.compile:
+        # Compiled kernels run below the dispatcher: the counter would see a fraction of the ops.
+        return "not counted under torch.compile (fused kernels bypass the dispatch-level counter)"
+    if cfg.parallelism == "tp":
+        # Above DTensor's dispatch the counter sees sharded-weight matmuls at their global shape
+        # and the ops between them at shard shape: neither one rank's count nor the sum is exact.
+        return "not counted under tensor parallel (DTensor ops mix global and shard shapes)"
+    return None
+
+
+def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
+    """Train ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
+    from perfkit.measuring.counting import OpCounter, coverage
+    from perfkit.core.cpu_share import cpu_share
+    from perfkit.core.devices import detect
+
+    device = torch.device(config_device(cfg))
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.reset_peak_memory_stats(device)
+    info = detect(str(device))
+    model, work = _prepare(cfg, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    count = _count_reason(cfg) is None
+    losses, samples_s, counted = [], [], None
+    # One precision policy (perfkit.core.precision): fp32 matmuls and cuDNN convolutions IEEE unless
+    # cfg.precision is tf32; on ROCm tf32 also sets HIPBLASLT_ALLOW_TF32 for the run.
+    with precision.math_mode(cfg.precision):
+        for step in range(cfg.steps):
+            inputs, target = _batch(cfg, work, step, ctx, device)
+            counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
+            _synchronize(device)
+            t0 = time.perf_counter()
+            with counter:  # forward and backward: what the analytic model FLOP describe
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    out = model(inputs)
+                # The loss in fp32 whatever the compute dtype.
+                loss = work.loss_fn(out.float(), target)
+                # fp16: scale the loss so small gradients do not flush to zero.
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            _synchronize(device)
+            if step >= cfg.warmup_steps:
+                samples_s.append(time.perf_counter() - t0)
+            if isinstance(counter, OpCounter):
+                counted = counter.frame()
+            losses.append(loss.detach().float())
+    losses_t = torch.stack(losses)
+    if ctx.dp_size > 1:  # the global-batch loss is the mean of the equal-sized slices' losses
+        torch.distributed.all_reduce(losses_t)
+        losses_t /= ctx.dp_size
+    peak, peak_kind = _peak_mem_bytes(device)
+    uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
+    return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
+            "peak_mem_bytes": peak, "peak_mem_kind": peak_kind, "n_params": work.n_params,
+            "n_params_non_embedding": work.n_params_non_embedding,
+            "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
+            "uncounted_ops": uncounted, "device": device.type, "device_kind": info.kind,
+            "device_name": info.name, "grad_scale": scaler.get_scale() if scaler else math.nan,
+            # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
+            "device_compute_units": info.compute_units,
+            "cpu_share": cpu_share().as_dict() if device.type == "cpu" else None}
+
+
+def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
+    """FLOP counted in one step over all ranks, or (NaN, why not)."""
+    reason = _count_reason(cfg)
+    if reason is None:
+        # Each rank counted the forward and backward of its slice of the batch (FSDP2 gathers
+        # whole parameters for them, so these are plain, unsharded ops).
+        return float(sum(r["counted_flop"] for r in rank_results)), None
+    return math.nan, reason
+
+
+def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
+    """One results row from every rank's result: a step lasts as long as its slowest rank."""
+    per_step = [max(times) for times in zip(*(r["step_time_samples_s"] for r in rank_results))]
+    timing = Measurement(samples_s=tuple(per_step), warmup_calls=cfg.warmup_steps,
+                         label=f"{cfg.model} {cfg.parallelism} step").as_row("step_time")
+    first, losses = rank_results[0], rank_results[0]["losses"]
+    step_s = timing["step_time_s"]
+    tokens = (cfg.batch_size * first["tokens_per_sample"] if first["tokens_per_sample"]
+              else math.nan)
+    # One GPU per rank (peak × world_size); on a CPU the peak of the physical cores the ranks'
+    # affinity and threads gave them (perfkit.analyse.mfu).
+    peak = mfu.peak_flop_per_s(device_kind=first["device_kind"], device_name=first["device_name"],
+                               precision=cfg.precision, devices=cfg.world_size,
+                               compute_units=first.get("device_compute_units"),
+                               cpu_shares=[r["cpu_share"] for r in rank_results if r.get("cpu_share")])
+    model_flop = float(first["flop_per_sample"] * cfg.batch_size)
+    counted_flop, counted_reason = _counted_step_flop(cfg, rank_results)
+    return {
+        **cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None, **timing,
+        "samples_per_s": cfg.batch_size / step_s,
+        "tokens_per_s": tokens / step_s,
+        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rank_results),
+        "peak_mem_kind": first["peak_mem_kind"], "n_params": first["n_params"],
+        "n_params_non_embedding": first["n_params_non_embedding"],
+        "step_model_flop": model_flop,
+        "model_flop_per_s": model_flop / step_s,
+        "peak_flop_per_s": peak.flop_per_s,
+        "peak_source": peak.source,
+        "cpu_threads": peak.cpu_threads, "cpu_cores_counted": peak.cpu_cores,
+        "mfu": mfu.utilisation(model_flop, step_s, peak),
+        "mfu_convention": mfu.mfu_convention(cfg.model, peak),
+        "mfu_reason": peak.reason,
+        "step_counted_flop": counted_flop,
+        "counted_flop_per_s": counted_flop / step_s,
+        "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),
+        "counted_flop_reason": counted_reason or peak.reason,
+        "uncounted_ops": ", ".join(sorted(set().union(*(r["uncounted_ops"] for r in rank_results)))),
+        "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+        "loss_fell": bool(losses[-1] < losses[0]),
+        "resolved_device": first["device"], "device_name": first["device_name"],
+        "grad_scale": first["grad_scale"],
+    }
+
+
+def train_step_benchmark(cfg: TrainConfig) -> dict:
+    """Run ``cfg`` in this process (parallelism ``none``) and return its results row."""
+    if cfg.parallelism != "none" or cfg.address_space_headroom_bytes is not None:
+        raise BadInputError("train_step_benchmark runs one process without a memory cap; "
+                            "use run_training for parallel or capped runs")
+    check_supported(cfg)
+    return _row(cfg, [_run(cfg, parallel.dist_context("none"))])
+
+
+def _cap_address_space(headroom_bytes: int) -> None:
+    with open("/proc/self/status") as f:
+        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_kib * 1024 + headroom_bytes, hard))
+
+
+def train_rank(config: dict) -> dict:
+    """:func:`perfkit.run.launch.launch` target: one rank of ``TrainConfig(**config)``."""
+    cfg = TrainConfig(**config)
+    check_supported(cfg)
+    if cfg.address_space_headroom_bytes is not None:
+        _cap_address_space(cfg.address_space_headroom_bytes)
+    return _run(cfg, parallel.dist_context(cfg.parallelism))
+
+
+def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
+                 isolate: bool | None = None) -> dict:
+    """Run ``cfg`` and return one row, whatever happens (``status`` says how it ended).
+
+    Parallel runs, capped runs and ``isolate=True`` go through :func:`perfkit.run.launch.launch`
+    (``timeout_s`` enforced, an OOM cannot take the caller down); otherwise the run happens in
+    this process, where ``timeout_s`` cannot be enforced.
+    """
+    base = {**cfg.as_row(), "workload": WORKLOAD, "error": None}
+    try:
+        check_supported(cfg)
+    except ConfigurationSkipped as skipped:
+        return {**base, "status": SKIPPED, "error": skipped.reason}
+    if isolate is None:
+        isolate = cfg.parallelism != "none" or cfg.address_space_headroom_bytes is not None
+    if not isolate:
+        try:
+            return train_step_benchmark(cfg)
+        except ConfigurationSkipped as skipped:
+            return {**base, "status": SKIPPED, "error": skipped.reason}
+        except Exception as error:  # noqa: BLE001 - the row records every failure
+            name = f"{type(error).__module__}.{type(error).__qualname__}"
+            status = status_for_error(name, str(error))
+            return {**base, "status": status, "error": f"{name}: {error}"}
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # after an OOM, give the next configuration a clean pool
+    from perfkit.run.launch import launch
+
+    device = config_device(cfg)
+    result = launch("perfkit.measuring.training:train_rank", cfg.as_dict(), world_size=cfg.world_size,
+                    backend="nccl" if device == "cuda" else "gloo", timeout_s=timeout_s,
+                    device=device)
+    if result.status != OK:
+        return {**base, "status": result.status, "error": result.error,
+                "failed_rank": result.failed_rank}
+    return _row(cfg, list(result.rank_results))
+
+
+def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: float = 600.0,
+                        multiple_of: int | None = None) -> dict:
+    """Largest global batch in [start, limit] that trains without OOM: double from ``start``
+    until a run OOMs (or ``limit``), then bisect between the last fit and the first OOM down to
+    ``multiple_of`` (default: the data-parallel size). On CPU set
+    ``address_space_headroom_bytes``, or the kernel's OOM killer ends the search instead.
+
+    Returns ``max_batch_size`` (None if ``start`` does not fit), ``probes`` (batch size, status)
+    and ``stopped_by`` (a row whose status was neither ok nor oom, else None).
+    """
+    step = multiple_of or (cfg.world_size if cfg.parallelism in ("ddp", "fsdp") else 1)
+    if not 1 <= start <= limit or start % step or step < 1:
+        raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
+    probes: list[tuple[int, str]] = []
+
+    def fits(batch: int) -> bool | dict:
+        row = run_training(replace(cfg, batch_size=batch), timeout_s)
+        probes.append((batch, row["status"]))
+        return True if row["status"] == OK else False if row["status"] == OOM else row
+
+    good, bad, batch = None, None, start
+    while True:
+        verdict = fits(batch)
+        if isinstance(verdict, dict):
+            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict}
+        if not verdict:
+            bad = batch
+            break
+        good = batch
+        if batch >= limit:
+            break
+        batch = min(batch * 2, limit // step * step)
+        if batch <= good:
+            break
+    while good is not None and bad is not None and bad - good > step:
+        mid = (good + bad) // 2 // step * step
+        if mid <= good:
+            break
+        verdict = fits(mid)
+        if isinstance(verdict, dict):
+            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict}
+        good, bad = (mid, bad) if verdict else (good, mid)
+    return {"max_batch_size": good, "probes": probes, "stopped_by": None}
+
+
+class OutOfMemoryError(ExecutionFailed):
+    """A training run ended ``oom``; the class name is what makes the notebook runner classify
+    the execution as ``oom`` (:func:`perfkit.core.status.status_for_error`)."""
+
+
+def raise_for_status(row: Mapping) -> None:
+    """For a notebook, after recording ``row``: return if it is ``ok``; otherwise stop the
+    notebook the way its status says (skipped: :class:`ConfigurationSkipped`; oom:
+    :class:`OutOfMemoryError`; failed, timeout, killed: :class:`ExecutionFailed`)."""
+    status, reason = row["status"], row.get("error") or ""
+    if status == OK:
+        return
+    if status == SKIPPED:
+        raise ConfigurationSkipped(reason)
+    error = OutOfMemoryError if status == OOM else ExecutionFailed
+    raise error(status=status, error_name=f"train_step {status}", message=reason)

@@ -1,0 +1,305 @@
+"""Execute one configuration: a parameterized notebook, run by papermill in a fresh kernel.
+
+This is the single code path every executor uses (``perfkit run``, the local sweep's workers,
+Slurm tasks): start a kernel of *this* interpreter (not whatever ``python3`` kernelspec happens
+to be first on the Jupyter path), tell it where its rows go, run the notebook with papermill,
+and classify how it ended:
+
+- an exception in a cell → ``failed`` (``oom`` for the allocator errors of perfkit.core.status;
+  ``skipped`` for :func:`perfkit.skip`), with the error's name, message and cell;
+- wall time over ``timeout_s`` → ``timeout``: the kernel's whole process group is killed;
+- the kernel dies on its own → ``killed``.
+
+Every process a configuration starts ends with it: each kernel gets a teardown token in its
+environment (:mod:`perfkit.run._teardown`) that its descendants inherit, torchrun's ranks in their
+own sessions included, and killing or shutting down the kernel kills every holder and waits
+until none is left. A kernel whose sweep dies (SIGKILL) does the same from a watch thread.
+
+The executed notebook is always written, papermill's error banner included; a killed kernel
+gets a banner of ours. Whatever happens, the configuration's results file ends with at least one
+row carrying its status and parameters: an ``ok`` notebook that recorded nothing (a user's own
+notebook that only prints) gets one, or the results would not show that it ran.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _teardown
+from ..core import status as st
+from ..core.results import CONTEXT_ENV, RunContext, load, record
+from .notebooks import trust_executed
+
+__all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "has_status_row"]
+
+# Runs in every kernel we start: when the process that started it dies (a sweep killed with
+# SIGKILL), the kernel kills every holder of its teardown token (torchrun and its ranks, which
+# lead sessions of their own) and its own process group, instead of living on as an orphan that
+# holds devices and could still write rows after a resumed sweep re-ran its configuration.
+# _teardown is loaded by path: importing the perfkit package would import pandas first.
+_PARENT_WATCH = """
+import importlib.util, os, threading, time, signal
+_spec = importlib.util.spec_from_file_location("_perfkit_teardown", {path!r})
+_td = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_td)
+def _watch(parent=os.getppid()):
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    _td.reap({token!r})
+    os.killpg(0, signal.SIGKILL)
+threading.Thread(target=_watch, daemon=True, name="perfkit-parent-watch").start()
+"""
+
+
+@dataclass(kw_only=True, frozen=True)
+class Outcome:
+    """How one configuration ended."""
+
+    config_id: str
+    status: str
+    """One of perfkit.core.status.STATUSES."""
+    error_name: str | None
+    message: str | None
+    cell: int | None
+    """Execution count of the failing cell, when a cell failed."""
+    output_notebook: Path
+    results_path: Path
+    started_at: float
+    """Unix time, seconds."""
+    duration_s: float
+
+
+class WarmKernel:
+    """A kernel of this interpreter, started (and optionally preloaded) before it is needed.
+
+    One kernel serves exactly one configuration: isolation of device memory and of torch's
+    global state matters more than the start-up it would save to reuse one.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                 preload: Sequence[str] = (), background: bool = False):
+        from jupyter_client.kernelspec import KernelSpec
+        from jupyter_client.manager import AsyncKernelManager
+        from jupyter_core.utils import run_sync
+
+        self._run_sync = run_sync
+        self.km = AsyncKernelManager(kernel_name="python3")
+        # The kernel runs this interpreter: a user-level 'python3' kernelspec pointing at another
+        # Python must not silently take over (it would measure a different torch).
+        self.km._kernel_spec = KernelSpec(
+            # log_level ERROR: ipykernel 7 warns on every start that loopback TCP is unencrypted.
+            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                  "--IPKernelApp.log_level=ERROR"],
+            display_name=f"perfkit ({sys.executable})", language="python", name="python3",
+        )
+        kernel_env = dict(os.environ)
+        kernel_env.pop(CONTEXT_ENV, None)
+        kernel_env.update(env or {})
+        kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        # One kernel, one configuration: the token marks every process the configuration starts.
+        self.token = _teardown.new_token()
+        kernel_env[self.token] = "1"
+        self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
+        try:
+            self._prepare(background, preload)
+        except BaseException:
+            self.shutdown()  # a kernel that failed its set-up is not left running
+            raise
+
+    def _prepare(self, background: bool, preload: Sequence[str]) -> None:
+        # ``background``: the kernel warms up while another configuration is being measured on
+        # the same cores; under SCHED_IDLE it only uses CPU time nobody else wants, so it does not
+        # perturb that measurement. :meth:`foreground` restores normal scheduling when handed a
+        # configuration.
+        self.background = background and self._set_policy(getattr(os, "SCHED_IDLE", None))
+        # ``preload``: the notebook's own import statements, run before the kernel is handed a
+        # configuration so that small configurations do not pay import time on the critical path.
+        # A failing import is left for the notebook itself to report.
+        watch = _PARENT_WATCH.format(path=_teardown.__file__, token=self.token)
+        code = [f"exec({watch!r}, {{}})"]
+        code += [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
+        self.run_code("\n".join(code))
+
+    def _set_policy(self, policy: int | None) -> bool:
+        """Set the scheduling policy of every thread of the kernel process; False if not allowed."""
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        if policy is None or pid is None or not hasattr(os, "sched_setscheduler"):
+            return False
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def foreground(self) -> bool:
+        """Normal scheduling again (a no-op unless started in ``background``); False if refused."""
+        if not self.background:
+            return True
+        ok = self._set_policy(os.SCHED_OTHER)
+        self.background = not ok
+        return ok
+
+    def run_code(self, code: str, timeout_s: float = 120) -> None:
+        """Run ``code`` in the kernel through a private client; raise if it fails."""
+        async def _go():
+            kc = self.km.client()
+            kc.start_channels()
+            try:
+                await kc.wait_for_ready(timeout=timeout_s)
+                reply = await kc.execute_interactive(code, timeout=timeout_s, output_hook=lambda m: None)
+            finally:
+                kc.stop_channels()
+            if reply["content"]["status"] != "ok":
+                raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
+
+        self._run_sync(_go)()
+
+    def set_context(self, ctx: RunContext, cwd: Path) -> None:
+        """Hand the kernel its configuration: where rows go, and the notebook's directory."""
+        self.run_code(f"import os; os.environ[{CONTEXT_ENV!r}] = {ctx.to_env()!r}; os.chdir({str(cwd)!r})")
+
+    @property
+    def pgid(self) -> int | None:
+        prov = getattr(self.km, "provisioner", None)
+        return getattr(prov, "pgid", None) or getattr(prov, "pid", None)
+
+    def kill(self) -> None:
+        """SIGKILL the kernel and every process it started (torchrun, ranks: its token's holders),
+        and wait until they are gone."""
+        pgid = self.pgid
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._reap()
+
+    def shutdown(self) -> None:
+        try:  # shutdown_kernel also removes the connection file
+            self._run_sync(self.km.shutdown_kernel)(now=True)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            self.kill()
+        self._reap()
+
+    def _reap(self) -> None:
+        left = _teardown.reap(self.token)
+        if left:
+            print(f"perfkit: processes {left} of a configuration survived SIGKILL (uninterruptible?)",
+                  file=sys.stderr)
+
+
+def banner(output_notebook: Path, text: str) -> None:
+    """Put a visible note at the top of an executed notebook (papermill does this for errors)."""
+    import nbformat
+
+    if output_notebook.exists():
+        nb = nbformat.read(output_notebook, as_version=4)
+    else:
+        nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_markdown_cell(f'<span style="color:red; font-size:2em">{text}</span>')
+    cell.metadata["tags"] = ["perfkit-banner"]
+    nb.cells.insert(0, cell)
+    nbformat.write(nb, output_notebook)
+
+
+def has_status_row(results_path: Path, status: str | None, config_id: str | None = None) -> bool:
+    """Whether the results file holds a row with ``status`` (any status when None), of
+    ``config_id`` when given."""
+    if not results_path.exists():
+        return False
+    frame = load(results_path)
+    if "status" not in frame:
+        return False
+    found = frame["status"].notna() if status is None else frame["status"] == status
+    if config_id is not None and "config_id" in frame:
+        found &= frame["config_id"] == config_id
+    return bool(found.any())
+
+
+def execute_config(
+    notebook: str | Path,
+    params: Mapping[str, object],
+    *,
+    config_id: str,
+    output_notebook: str | Path,
+    results_path: str | Path,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    kernel: WarmKernel | None = None,
+    log_output: bool = False,
+) -> Outcome:
+    """Run one configuration to its end and return how it ended (never raises for the run)."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    notebook, output_notebook, results_path = Path(notebook), Path(output_notebook), Path(results_path)
+    output_notebook.parent.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(results_path=results_path.resolve(), config_id=config_id, params=dict(params),
+                     notebook=notebook.name)
+    started = time.time()
+    t0 = time.monotonic()
+    fired = threading.Event()
+    status, error_name, message, cell = st.OK, None, None, None
+    watchdog = None
+    try:
+        if kernel is None:
+            kernel = WarmKernel(env=env, cwd=notebook.resolve().parent)
+        kernel.set_context(ctx, notebook.resolve().parent)
+
+        def _expire():
+            fired.set()
+            kernel.kill()
+
+        if timeout_s:
+            remaining = max(0.1, timeout_s - (time.monotonic() - t0))
+            watchdog = threading.Timer(remaining, _expire)
+            watchdog.daemon = True
+            watchdog.start()
+        pm.execute_notebook(
+            str(notebook), str(output_notebook), parameters=dict(params), km=kernel.km,
+            kernel_name="python3", progress_bar=False, log_output=log_output,
+            request_save_on_cell_execute=True, cwd=str(notebook.resolve().parent),
+        )
+    except PapermillExecutionError as exc:
+        status = st.TIMEOUT if fired.is_set() else st.status_for_error(exc.ename, exc.evalue)
+        error_name, message, cell = exc.ename, exc.evalue, exc.exec_count
+    except Exception as exc:  # noqa: BLE001 - a dead kernel, a broken notebook: classify, don't crash
+        name = type(exc).__name__
+        if fired.is_set():
+            status, error_name = st.TIMEOUT, "Timeout"
+            message = f"wall time exceeded timeout_s={timeout_s}; kernel killed"
+        elif name == "DeadKernelError" or (name == "RuntimeError" and "died" in str(exc)):  # nbclient: "Kernel died before replying"
+            status, error_name, message = st.KILLED, name, str(exc).strip() or "the kernel died"
+        else:
+            status, error_name, message = st.FAILED, name, str(exc).strip()
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if kernel is not None:
+            kernel.shutdown()
+    duration = time.monotonic() - t0
+    if status in (st.TIMEOUT, st.KILLED):
+        banner(output_notebook, f"perfkit: this configuration ended <b>{status}</b> after "
+                f"{duration:.1f} s: {message}")
+    if output_notebook.exists():  # its plots render when the user opens it later in JupyterLab
+        trust_executed(output_notebook)
+    # A failure always shows as a row of its status; an ``ok`` run only needs one when it
+    # recorded nothing at all (its own rows may carry other statuses, e.g. a skipped point).
+    if not has_status_row(results_path, None if status == st.OK else status, config_id):
+        reason = None
+        if status != st.OK:
+            reason = f"{error_name}: {message}" if error_name else message
+            if cell is not None:
+                reason = f"{reason} (cell {cell})"
+        record([{}], status=status, reason=reason, context=ctx)
+    return Outcome(config_id=config_id, status=status, error_name=error_name, message=message,
+                   cell=cell, output_notebook=output_notebook, results_path=results_path,
+                   started_at=started, duration_s=duration)

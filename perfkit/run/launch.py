@@ -1,0 +1,345 @@
+"""Run a function on N ranks under torchrun and say how it ended.
+
+``launch("pkg.mod:fn", config, world_size=2, backend="gloo", timeout_s=60)`` starts
+``python -m torch.distributed.run ... -m perfkit.run._rank_entry`` (the interpreter's own torchrun: a
+bare ``torchrun`` need not be on a kernel's PATH). Every rank joins the process group with the
+given backend, calls ``fn(config)`` and writes its result, or its exception, to a file in a
+private temporary directory; its stdout and stderr go to a log file there too.
+
+The launcher keeps its own deadline rather than trusting torchrun's: torchrun notices a rank that
+exits, but not one that hangs in a collective waiting for a peer, and its own teardown of the
+survivors can be slow. Workers are started by torchrun in sessions of their own, so killing
+torchrun's process group is not enough: torchrun gets a teardown token in its environment
+(:mod:`perfkit.run._teardown`), which it passes to the ranks and they to their children, and every
+holder of it is killed when the launch ends, however it ends (Ctrl-C in a notebook included).
+The launcher itself may die first (a kernel killed by a sweep's timeout, a JupyterLab kernel
+restart): each rank watches the launching process and, once it is gone, kills the launch's
+token holders (torchrun, its peers) and itself.
+
+Statuses (:mod:`perfkit.core.status`): ``ok`` (every rank returned), ``failed``/``oom`` (a rank raised),
+``killed`` (a rank ended without a result: an exit code or a signal), ``timeout`` (the deadline
+passed first). When one rank fails its peers usually fail too ("connection closed by peer"); the
+root cause is taken in this order: an error a rank raised on its own (the earliest), a rank that
+died without a result, the peers' communication errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from perfkit.run import _teardown
+from perfkit.core.errors import BadInputError
+from perfkit.core.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
+
+__all__ = ["LaunchResult", "launch", "slurm_rendezvous"]
+
+#: How often the launcher looks at the ranks' result files and torchrun's exit status.
+_POLL_S = 0.05
+#: After a rank has reported an error (or every rank its result), how long torchrun gets to stop
+#: the other ranks and exit before the launcher kills the tree itself.
+_TEARDOWN_GRACE_S = 10.0
+#: Characters of a rank's log kept in an error message.
+_LOG_TAIL_CHARS = 4000
+
+
+@dataclass(kw_only=True, frozen=True)
+class LaunchResult:
+    """How one multi-process launch ended."""
+
+    status: str
+    """``ok``, ``failed``, ``oom``, ``timeout`` or ``killed`` (:mod:`perfkit.core.status`)."""
+    rank_results: tuple
+    """Per local rank of this node (the global rank on one node): the dict the target returned,
+    or None where the rank returned nothing."""
+    error: str | None
+    """The first failing rank's error name, message and traceback (or exit code/signal and log
+    tail); None when ``ok``."""
+    failed_rank: int | None
+    """Global rank of the first failing rank, when one is known."""
+    rank_logs: tuple[str, ...]
+    """Each local rank's captured stdout+stderr text (e.g. for ``NCCL_DEBUG=INFO`` parsing)."""
+    wall_time_s: float
+    """Seconds from starting torchrun to the end of the launch, teardown included."""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise BadInputError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if len(self.rank_results) != len(self.rank_logs):
+            raise BadInputError("rank_results and rank_logs must have one entry per rank")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+def _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env):
+    module_name, sep, function_name = target.partition(":")
+    if not sep or not module_name or not function_name:
+        raise BadInputError(f"target must be 'module:function', got {target!r}")
+    if world_size < 1 or nnodes < 1:
+        raise BadInputError(f"world_size and nnodes must be >= 1, got {world_size} and {nnodes}")
+    if world_size % nnodes:
+        raise BadInputError(f"world_size {world_size} is not divisible by nnodes {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise BadInputError(f"node_rank must be in [0, {nnodes}), got {node_rank}")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise BadInputError("a launch over several nodes needs rdzv_endpoint (host:port)")
+    if not timeout_s > 0:
+        raise BadInputError(f"timeout_s must be positive, got {timeout_s}")
+    if any(not isinstance(k, str) or not isinstance(v, str) for k, v in (env or {}).items()):
+        raise BadInputError("env names and values must be strings")
+    if device not in ("cpu", "cuda"):
+        raise BadInputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--nnodes", str(nnodes)]
+    if rdzv_endpoint:
+        # Every node of one job must agree on the id; one job per endpoint at a time.
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+                    "--rdzv-id", "perfkit", "--node-rank", str(node_rank)]
+    else:
+        command += ["--standalone"]  # c10d store on a free port: concurrent launches do not clash
+    command += [
+        "--max-restarts", "0",  # a failure is a result to record, never something to retry
+        "--monitor-interval", "0.1",
+        "--log-dir", os.path.join(work_dir, "torchrun"),  # instead of /tmp/torchelastic_*
+        "-m", "perfkit.run._rank_entry", job_path,
+    ]
+    return command
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _reports(work_dir: str, nproc: int) -> list[dict | None]:
+    return [_read_json(os.path.join(work_dir, f"local{i}.json")) for i in range(nproc)]
+
+
+# torchrun's failure summary: one block per failed local rank, "rank : 1 (local_rank: 1)" then
+# "exitcode : -9 (pid: ...)"; negative codes are signals.
+_FAILURE_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*exitcode\s*:\s*(-?\d+)")
+# What a rank raises when a peer disappears: a consequence, never the cause, of a failure.
+_PEER_LOSS_NAMES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_PEER_LOSS_TEXT = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crashing|Broken pipe"
+    r"|remote process exited|communicator was aborted|Socket Timeout",
+    re.IGNORECASE,
+)
+
+
+def _is_peer_loss(report: dict) -> bool:
+    short = report["error_name"].rsplit(".", 1)[-1]
+    return short in _PEER_LOSS_NAMES or bool(_PEER_LOSS_TEXT.search(report.get("message", "")))
+
+
+def _exit_codes(torchrun_log: str) -> dict[int, tuple[int, int]]:
+    """Local rank -> (global rank, exit code) from torchrun's failure summary."""
+    return {int(m[2]): (int(m[1]), int(m[3])) for m in _FAILURE_BLOCK.finditer(torchrun_log)}
+
+
+def _silent_death(torchrun_log: str, reports, logs) -> tuple[str, int | None] | None:
+    """The rank that ended without a report (exit code or signal, log tail), if there is one.
+
+    torchrun sends SIGTERM to the survivors once one rank has failed, so a rank ended by SIGTERM
+    is taken as the cause only when no rank ended otherwise.
+    """
+    missing = [i for i, r in enumerate(reports) if r is None]
+    if not missing:
+        return None
+    codes = _exit_codes(torchrun_log)
+    known = [i for i in missing if i in codes]
+    primary = [i for i in known if codes[i][1] != -signal.SIGTERM]
+    if primary or known:
+        local_rank = (primary or known)[0]
+        rank, code = codes[local_rank]
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    else:
+        local_rank, rank = missing[0], None
+        how = "ended without a result (torchrun reported no exit code)"
+    tail = logs[local_rank][-_LOG_TAIL_CHARS:] or torchrun_log[-_LOG_TAIL_CHARS:]
+    who = f"rank {rank}" if rank is not None else f"local rank {local_rank}"
+    return f"{who} {how}; log tail:\n{tail}", rank
+
+
+def _earliest(reports: list[dict]) -> dict | None:
+    return min(reports, key=lambda r: r.get("time", float("inf"))) if reports else None
+
+
+def _format_error(report: dict) -> str:
+    return f"{report['error_name']}: {report['message']}\n{report['traceback']}"
+
+
+def launch(
+    target: str,
+    config: dict,
+    *,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    device: str = "cpu",
+) -> LaunchResult:
+    """Run ``target(config)`` on ``world_size`` ranks (over ``nnodes`` nodes) and collect results.
+
+    ``target`` is ``"module:function"``; the function takes the (JSON-serialisable) config and
+    returns a JSON-serialisable dict, after ``init_process_group(backend=backend)`` on every rank
+    (``gloo`` on CPU, ``nccl`` on CUDA and ROCm) with the rank's device set (``cuda``:
+    ``LOCAL_RANK``). ``env`` is added to the launched processes' environment only. One node uses
+    torchrun's ``--standalone`` rendezvous unless ``rdzv_endpoint`` is given (required with
+    several nodes; every node calls ``launch`` with its ``node_rank``). The launch ends within
+    ``timeout_s`` plus a few seconds of teardown whatever the ranks do.
+    """
+    _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env)
+    config_text = json.dumps(config)  # bad config is the caller's error, before anything starts
+    nproc = world_size // nnodes
+    work_dir = tempfile.mkdtemp(prefix="perfkit-launch-")
+    try:
+        token = _teardown.new_token()
+        child_env = {**os.environ, **(env or {}), token: "1"}
+        job_path = os.path.join(work_dir, "job.json")
+        with open(job_path, "w") as f:
+            f.write(json.dumps({
+                "target": target, "config": json.loads(config_text), "backend": backend,
+                "device": device, "timeout_s": timeout_s, "work_dir": work_dir,
+                "sys_path": [p for p in sys.path if isinstance(p, str)],
+                # The ranks end the launch themselves when this process dies before them.
+                "launcher_pid": os.getpid(), "launcher_start": _teardown.start_time(os.getpid()),
+                "token": token,
+            }))
+        command = _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint)
+        return _supervise(command, child_env, token, work_dir, nproc, timeout_s)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _supervise(command, child_env, token, work_dir, nproc, timeout_s) -> LaunchResult:
+    torchrun_log_path = os.path.join(work_dir, "torchrun.log")
+    start = time.monotonic()
+    deadline = start + timeout_s
+    with open(torchrun_log_path, "wb") as log:
+        proc = subprocess.Popen(command, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    timed_out = False
+    settle_by = None  # set once the outcome is known: torchrun gets until then to exit
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if settle_by is None:
+                reports = _reports(work_dir, nproc)
+                if any(r is not None and not r.get("ok") for r in reports) or all(
+                    r is not None for r in reports
+                ):
+                    settle_by = min(now + _TEARDOWN_GRACE_S, deadline)
+            if now >= (settle_by if settle_by is not None else deadline):
+                timed_out = settle_by is None
+                break
+            time.sleep(_POLL_S)
+    finally:
+        # Also on KeyboardInterrupt (Ctrl-C in a notebook): torchrun, the ranks and whatever they
+        # started hold the launch's token; none of them outlives the launch.
+        left = _teardown.reap(token)
+        try:
+            proc.kill()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if left:
+            print(f"perfkit.run.launch: processes {left} of this launch survived SIGKILL (uninterruptible?)",
+                  file=sys.stderr)
+    reports = _reports(work_dir, nproc)
+    results = tuple(r["result"] if r and r.get("ok") else None for r in reports)
+    logs = tuple(_read_text(os.path.join(work_dir, f"local{i}.log")) for i in range(nproc))
+    torchrun_log = _read_text(torchrun_log_path)
+    wall_time_s = time.monotonic() - start
+
+    def result(status, error=None, failed_rank=None):
+        return LaunchResult(status=status, rank_results=results, error=error,
+                            failed_rank=failed_rank, rank_logs=logs, wall_time_s=wall_time_s)
+
+    # Root cause first: an error a rank raised on its own, then a rank that died without a
+    # report (its peers then fail with "connection closed"), then those peers' errors.
+    errors = [r for r in reports if r is not None and not r.get("ok")]
+    own = _earliest([r for r in errors if not _is_peer_loss(r)])
+    if own is not None:
+        return result(status_for_error(own["error_name"], own["message"]), _format_error(own),
+                      own["rank"])
+    if all(r is not None and r.get("ok") for r in reports):
+        return result(OK)
+    if timed_out:
+        waiting = [i for i, r in enumerate(reports) if r is None]
+        return result(TIMEOUT, f"no result within {timeout_s:g} s from local ranks {waiting}; "
+                               f"the process tree was killed")
+    death = _silent_death(torchrun_log, reports, logs)
+    if death is not None:
+        return result(KILLED, *death)
+    peer = _earliest(errors)
+    return result(status_for_error(peer["error_name"], peer["message"]), _format_error(peer),
+                  peer["rank"])
+
+
+def _expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compact host list (``gpu[01-03,07],login1``) → host names, as scontrol would."""
+    hosts, depth, token = [], 0, ""
+    for ch in nodelist + ",":
+        if ch == "," and depth == 0:
+            match = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", token)
+            if match:
+                prefix, ranges, suffix = match.groups()
+                for part in ranges.split(","):
+                    lo, _, hi = part.partition("-")
+                    for i in range(int(lo), int(hi or lo) + 1):
+                        hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
+            elif token:
+                hosts.append(token)
+            token = ""
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        token += ch
+    return hosts
+
+
+def slurm_rendezvous(port: int = 29500, environ: Mapping[str, str] | None = None) -> dict:
+    """``nnodes``, ``node_rank`` and ``rdzv_endpoint`` for :func:`launch` inside a Slurm allocation.
+
+    The sbatch shape is one task per node (``--nodes=N --ntasks-per-node=1``), each task running
+    ``launch(..., **slurm_rendezvous())`` with ``world_size = N × GPUs per node``; torchrun's c10d
+    rendezvous meets on the allocation's first node (``SLURM_JOB_NODELIST``)."""
+    env = os.environ if environ is None else environ
+    try:
+        nnodes, node_rank, nodelist = int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), env["SLURM_JOB_NODELIST"]
+    except KeyError as missing:
+        raise BadInputError(f"not inside a Slurm allocation ({missing.args[0]} is unset); "
+                            "pass nnodes, node_rank and rdzv_endpoint yourself") from None
+    hosts = _expand_nodelist(nodelist)
+    if not hosts:
+        raise BadInputError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
+    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": f"{hosts[0]}:{port}"}

@@ -1,0 +1,212 @@
+"""Notebooks as parameterized programs: their parameters, validation of values, configuration ids.
+
+papermill only *warns* about an unknown parameter and injects any value it is given; perfkit
+checks every name and value against the notebook's ``parameters`` cell before anything runs, so
+a typo in a sweep of hundreds of configurations fails in a second instead of running the
+defaults hundreds of times.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import BadInputError, ParameterTypeError, UnknownParameterError
+
+__all__ = ["Parameter", "NotebookSpec", "read_notebook", "coerce_cli_value", "check_params", "config_id",
+           "trust_executed"]
+
+_MISSING = object()
+
+
+@dataclass(kw_only=True, frozen=True)
+class Parameter:
+    """One assignment of the notebook's ``parameters`` cell."""
+
+    name: str
+    default: object
+    """The default as a Python literal; ``None`` is also used when the default is no literal."""
+    literal: bool
+    """Whether the default is a plain literal (its type is then enforced on overrides)."""
+    source: str
+    """The right-hand side as written in the cell."""
+    comment: str = ""
+    """A trailing ``# comment`` on the line, shown as the parameter's help."""
+
+    @property
+    def type_name(self) -> str:
+        if not self.literal or self.default is None:
+            return "any"
+        return type(self.default).__name__
+
+
+@dataclass(kw_only=True, frozen=True)
+class NotebookSpec:
+    """A notebook on disk, its parameters, and the hash of its code."""
+
+    path: Path
+    parameters: dict[str, Parameter]
+    code_sha256: str
+    """Hash of the code cells' sources only: saving the notebook with outputs in JupyterLab
+    does not change the configuration ids, editing its code does."""
+    imports: tuple[str, ...] = ()
+    """Top-level import statements of its code cells (a warm kernel runs them in advance)."""
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.parameters)
+
+
+def read_notebook(path: str | Path) -> NotebookSpec:
+    """Read ``path`` and its ``parameters`` cell; BadInputError when either is missing or broken."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"notebook {str(path)!r} not found")
+    try:
+        nb = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"{path} is not a readable notebook: {exc}") from None
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise BadInputError(f"{path} is not a notebook (no cells)")
+    code = [c for c in cells if c.get("cell_type") == "code"]
+    tagged = [c for c in code if "parameters" in (c.get("metadata", {}).get("tags") or [])]
+    if not tagged:
+        raise BadInputError(
+            f"{path} has no cell tagged 'parameters'; tag the cell of defaults "
+            "(JupyterLab: property inspector → Cell Tags)"
+        )
+    if len(tagged) > 1:
+        raise BadInputError(f"{path} has {len(tagged)} cells tagged 'parameters'; keep exactly one")
+    source = _source(tagged[0])
+    digest = hashlib.sha256("\n\x00".join(_source(c) for c in code).encode()).hexdigest()
+    imports = tuple(stmt for c in code if c is not tagged[0] for stmt in _imports(_source(c)))
+    return NotebookSpec(path=path, parameters=_parse_parameters(source, path), code_sha256=digest,
+                        imports=tuple(dict.fromkeys(imports)))
+
+
+def _imports(source: str) -> list[str]:
+    # Cell magics and shell escapes are not Python; drop those lines before parsing.
+    lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+    text = "\n".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    return [ast.get_source_segment(text, node) for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node.col_offset == 0]
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _parse_parameters(source: str, path: Path) -> dict[str, Parameter]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise BadInputError(f"{path}: the parameters cell is not valid Python ({exc.msg}, line {exc.lineno})") from None
+    lines = source.splitlines()
+    params: dict[str, Parameter] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, value = node.targets[0].id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            name, value = node.target.id, node.value
+        else:
+            continue
+        rhs = ast.get_source_segment(source, value) or ""
+        try:
+            default, literal = ast.literal_eval(value), True
+        except ValueError:
+            default, literal = None, False
+        # The help text is a trailing comment after the assignment on its last line.
+        tail = lines[node.end_lineno - 1][node.end_col_offset:] if node.end_lineno else ""
+        comment = tail.split("#", 1)[1].strip() if "#" in tail else ""
+        params[name] = Parameter(name=name, default=default, literal=literal, source=rhs, comment=comment)
+    if not params:
+        raise BadInputError(f"{path}: the parameters cell assigns no names")
+    return params
+
+
+def coerce_cli_value(param: Parameter, text: str) -> object:
+    """Turn a command-line string into a value of the parameter's type.
+
+    A ``str`` default takes the text as it is (never evaluated); other types are read as a
+    Python literal (``ast.literal_eval``: data only, never code), with ``true``/``false``
+    accepted for booleans.
+    """
+    if param.literal and isinstance(param.default, str):
+        return text
+    lowered = text.strip().lower()
+    if isinstance(param.default, bool) and lowered in {"true", "false"}:
+        return lowered == "true"
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        if not param.literal or param.default is None:
+            return text  # untyped parameter: a plain string
+        raise ParameterTypeError(param.name, param.type_name, text) from None
+    return value
+
+
+def _type_ok(default: object, value: object) -> bool:
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def check_params(spec: NotebookSpec, params: Mapping[str, object]) -> dict[str, object]:
+    """Validate names and types against the notebook; return the values, ints widened to float
+    where the default is a float (so ``1`` and ``1.0`` are one configuration)."""
+    checked: dict[str, object] = {}
+    for name, value in params.items():
+        param = spec.parameters.get(name)
+        if param is None:
+            raise UnknownParameterError(name, str(spec.path), spec.names)
+        if param.literal and not _type_ok(param.default, value):
+            raise ParameterTypeError(name, param.type_name, value)
+        if param.literal and isinstance(param.default, float) and isinstance(value, int):
+            value = float(value)
+        if isinstance(value, tuple):
+            value = list(value)
+        checked[name] = value
+    return checked
+
+
+def config_id(spec: NotebookSpec, params: Mapping[str, object]) -> str:
+    """Stable id of (notebook code, parameters): the notebook's stem and 12 hex digits."""
+    blob = json.dumps({"code": spec.code_sha256, "params": dict(params)}, sort_keys=True, default=str)
+    return f"{spec.path.stem}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def trust_executed(path: str | Path) -> bool:
+    """Sign an executed notebook as trusted by this user, so that JupyterLab renders its plots.
+
+    JupyterLab runs no JavaScript output of an untrusted notebook, and holoviews/bokeh plots are
+    JavaScript: a sweep's executed notebook opened later would show its tables but no plot.
+    Jupyter signs a notebook its user executed when saving it; papermill does not, so perfkit
+    does the same for the notebooks it executed itself (signatures go to the user's Jupyter
+    signature database, ``nbformat.sign.NotebookNotary``). Returns False, changing nothing, when
+    the database cannot be written (a read-only home, say): the notebook stays untrusted.
+    """
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+        NotebookNotary().sign(nb)
+    except Exception:  # noqa: BLE001 - a missing signature never fails a configuration
+        return False
+    return True

@@ -1,0 +1,152 @@
+"""``perfkit sweep`` and ``perfkit new``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from ...core.errors import BadInputError
+
+__all__ = ["add_sweep_commands", "TEMPLATES"]
+
+TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
+
+_SWEEP_HELP = """\
+Run NOTEBOOK once per configuration of SPEC's grid, headlessly with papermill, into DIR:
+DIR/notebooks/<config_id>.ipynb (executed, error banner included), DIR/results/<config_id>.parquet
+(rows, one file per configuration) and DIR/ledger/*.jsonl (what ran, how it ended, why; one file
+per writing process, merged when read).
+
+Running the same spec into the same DIR again resumes: configurations that ended ok, skipped or
+oom are not run again; interrupted ones (never ended, or killed) are; failed and timeout ones
+only with --retry-failed. Exit codes: 0 every configuration ok or skipped, 1 any other ending,
+2 bad input (nothing runs).
+"""
+
+
+_SLURM_FLAGS = ("--partition", "--time-limit-min", "--cpus-per-task", "--gpus-per-task", "--array-parallelism",
+                "--sbatch-option")
+
+
+def _short(text: object, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _params_text(params: dict) -> str:
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in params.items())
+
+
+def _cmd_sweep(args) -> int:
+    from ...core.status import FINISHED
+    from . import expand, load_spec, plan, run_sweep
+    from .engine import should_run
+
+    if args.workers < 1:
+        raise BadInputError("--workers must be at least 1")
+    spec = load_spec(args.spec)
+    configs = expand(spec)
+    out = Path(args.out)
+    if args.dry_run:
+        rows = plan(configs, out, retry_failed=args.retry_failed)
+        print(f"{'config_id':<28} {'ledger':<9} {'action':<7} parameters")
+        for c, prev in rows:
+            action = "run" if should_run(prev, args.retry_failed) else "done"
+            print(f"{c.config_id:<28} {prev or '-':<9} {action:<7} {_params_text(c.params)}")
+        todo = sum(should_run(p, args.retry_failed) for _, p in rows)
+        print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
+              f"({', '.join(sorted(FINISHED))} are not re-run)")
+        return 0
+    if args.executor == "slurm":
+        from .slurm import run_slurm_sweep
+        from .slurm_settings import parse_sbatch_options
+
+        result = run_slurm_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet,
+                                 partition=args.partition, time_limit_min=args.time_limit_min,
+                                 cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
+                                 array_parallelism=args.array_parallelism,
+                                 sbatch_options=parse_sbatch_options(args.sbatch_option) or None)
+    else:
+        given = [f for f in _SLURM_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+        if given:
+            raise BadInputError(f"{', '.join(given)} only apply with --executor slurm")
+        result = run_sweep(spec, out, workers=args.workers, retry_failed=args.retry_failed,
+                           progress=False if args.quiet else None,
+                           prestart={"auto": None, "on": True, "off": False}[args.prestart])
+    _summary(result)
+    return result.exit_code
+
+
+def _summary(result) -> None:
+    counts = result.counts()
+    ran = sum(counts.values())
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to run"
+    print(f"sweep: {ran} run ({parts}), {result.already_done} already done, "
+          f"{result.wall_time_s:.1f} s → {result.out_dir}")
+    bad = [o for o in result.outcomes if o.status != "ok"]
+    if bad:
+        print(f"{'config_id':<28} {'status':<8} reason")
+        for o in sorted(bad, key=lambda o: o.status):
+            reason = f"{o.error_name}: {o.message}" if o.error_name else (o.message or "")
+            where = f" (cell {o.cell})" if o.cell is not None else ""
+            print(f"{o.config_id:<28} {o.status:<8} {_short(reason, 100)}{where}")
+            if o.status not in ("skipped",):
+                print(f"{'':<37} notebook: {o.output_notebook}")
+
+
+def _cmd_new(args) -> int:
+    name = args.name
+    if not name.replace("_", "").replace("-", "").isalnum():
+        raise BadInputError(f"name {name!r}: use letters, digits, '-' and '_' only")
+    src_nb, src_spec = TEMPLATES / "notebook.ipynb", TEMPLATES / "sweep.yaml"
+    if not src_nb.exists() or not src_spec.exists():
+        raise BadInputError(f"templates not found in {TEMPLATES}; run perfkit from its source checkout")
+    directory = Path(args.dir)
+    nb, spec = directory / f"{name}.ipynb", directory / f"{name}.yaml"
+    for path in (nb, spec):
+        if path.exists() and not args.force:
+            raise BadInputError(f"{path} exists; choose another name or pass --force")
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src_nb, nb)
+    spec.write_text(src_spec.read_text().replace("notebook.ipynb", nb.name))
+    print(f"created {nb} and {spec}\nrun it:  perfkit sweep {spec} --out runs/{name}")
+    return 0
+
+
+def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run a notebook over a grid of configurations (resumable)",
+                       description=_SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help="the sweep spec (YAML): notebook, parameters, grid, configs, exclude, timeout_s")
+    p.add_argument("--out", required=True, help="the sweep's directory (created; reused to resume)")
+    p.add_argument("--dry-run", action="store_true", help="print the configuration table and exit")
+    p.add_argument("--resume", action="store_true",
+                   help="(the default) run only what the ledger in --out does not have as finished")
+    p.add_argument("--retry-failed", action="store_true", help="also re-run configurations that ended failed or timeout")
+    p.add_argument("--workers", type=int, default=1,
+                   help="configurations at once; each owns a disjoint device slot (GPUs) or a share of the cores (CPU)")
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm])")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--prestart", choices=("auto", "on", "off"), default="auto",
+                   help="start each slot's next kernel (at idle priority) while the current configuration "
+                        "runs: hides kernel start-up. auto (default): on GPU slots only, since a starting "
+                        "kernel perturbs CPU measurements on the same cores")
+    g = p.add_argument_group("--executor slurm (override the spec's slurm: settings)")
+    g.add_argument("--partition", help="Slurm partition of the job array")
+    g.add_argument("--time-limit-min", type=int,
+                   help="time limit of each task, whole minutes (default: the spec's timeout_s + 1 min, or 60)")
+    g.add_argument("--cpus-per-task", type=int, help="CPUs of each task (sets OMP_NUM_THREADS in its kernel)")
+    g.add_argument("--gpus-per-task", type=int, help="GPUs of each task")
+    g.add_argument("--array-parallelism", type=int, help="tasks of the array running at once")
+    g.add_argument("--sbatch-option", action="append", metavar="KEY=VALUE",
+                   help="any other sbatch option, e.g. account=myproj (repeatable)")
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("new", help="scaffold a notebook and a sweep spec from templates/")
+    p.add_argument("name", help="the new notebook's name (NAME.ipynb and NAME.yaml)")
+    p.add_argument("--dir", default=".", help="where to create them")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=_cmd_new)
+

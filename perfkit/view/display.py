@@ -1,0 +1,91 @@
+"""Where plots get their JavaScript: one decision for every display path of perfkit.
+
+GPU cluster nodes often have no internet, and holoviews/panel load BokehJS and their extensions
+from ``cdn.bokeh.org``/``cdn.holoviz.org`` unless told otherwise: in JupyterLab every cell then
+runs and no plot appears. perfkit therefore loads the resources **inline** (from the installed
+bokeh/panel packages, into the notebook's output) by default, so a notebook renders offline, live
+and when an executed notebook is opened later. ``cdn`` keeps notebooks small (a few kB instead
+of a few MB per loaded notebook) where the browser reaches the internet.
+
+Choose with ``PERFKIT_RESOURCES=inline|cdn`` (environment, e.g. for a whole sweep) or
+:func:`use_resources` in a notebook before the first plot. ipywidgets need nothing here: the
+JupyterLab widget manager serves them from the local server.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["RESOURCES_ENV", "RESOURCE_MODES", "resources_mode", "use_resources", "hv_bokeh"]
+
+RESOURCES_ENV = "PERFKIT_RESOURCES"
+RESOURCE_MODES = ("inline", "cdn")
+
+_chosen: str | None = None   # set by use_resources(); wins over the environment
+_loaded: str | None = None   # the mode the holoviews bokeh extension was loaded with by perfkit
+
+
+def resources_mode() -> str:
+    """The resource mode in force: :func:`use_resources`' choice, else ``$PERFKIT_RESOURCES``,
+    else ``inline``."""
+    from ..core.errors import BadInputError
+
+    mode = _chosen or os.environ.get(RESOURCES_ENV, "").strip().lower() or "inline"
+    if mode not in RESOURCE_MODES:
+        raise BadInputError(f"{RESOURCES_ENV}={mode!r}: use one of {', '.join(RESOURCE_MODES)}")
+    return mode
+
+
+def use_resources(mode: str) -> None:
+    """Load plot resources ``inline`` (offline, the default) or from the ``cdn`` from now on."""
+    from ..core.errors import BadInputError
+
+    if mode not in RESOURCE_MODES:
+        raise BadInputError(f"use_resources({mode!r}): use one of {', '.join(RESOURCE_MODES)}")
+    global _chosen
+    _chosen = mode
+
+
+def hv_bokeh():
+    """holoviews with its bokeh backend loaded in the resource mode in force; returns ``hv``.
+
+    Loads the extension at most once per mode: a notebook that called ``hv.extension("bokeh")``
+    itself (CDN resources) still gets inline resources the first time a perfkit plot is built.
+    """
+    import holoviews as hv
+
+    global _loaded
+    mode = resources_mode()
+    if _loaded != mode or "bokeh" not in hv.Store.renderers:
+        import panel as pn
+
+        # holoviews renders through panel: its `inline` also swaps panel's CDN stylesheets
+        # (loading.css, theme CSS) for inline copies; hv.extension's own `inline` covers the JS.
+        pn.config.inline = mode == "inline"
+        hv.extension("bokeh", logo=False, inline=(mode == "inline"))
+        _register_inline_css_hook()
+        _loaded = mode
+    return hv
+
+
+def _inline_css(viewable, root) -> None:
+    """Panel preprocessing hook: replace panel's CDN stylesheets in a rendered model by inline ones.
+
+    Panel does this itself for its own objects when ``pn.config.inline`` is set, but holoviews
+    renders its plots' panel layouts through another path that keeps the CDN ``<link>``s
+    (loading.css, theme CSS): without this, those are the requests that fail offline.
+    """
+    if _loaded != "inline":
+        return
+    from bokeh.models import UIElement
+    from panel.io.notebook import patch_inline_stylesheets
+
+    for model in root.select({"type": UIElement}):
+        patch_inline_stylesheets(model)
+
+
+def _register_inline_css_hook() -> None:
+    from panel.viewable import Viewable
+
+    if _inline_css not in Viewable._preprocessing_hooks:  # panel's extension point (panel.links uses it)
+        Viewable._preprocessing_hooks.append(_inline_css)

@@ -1,0 +1,283 @@
+"""The standalone HTML report: every plot whose rows are present, the failures, the environment.
+
+One page, bokeh resources inlined (it opens offline, e.g. copied off a cluster node). Text taken
+from data — labels, reasons, hostnames — is HTML-escaped before it reaches the page.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import plots
+from ..core.results import load
+
+__all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report",
+           "REPORT_DIR_ENV", "notebook_results_dir"]
+
+#: Fingerprint facts whose mix within one plot makes comparisons suspect.
+_COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip")
+
+
+@dataclass(kw_only=True, frozen=True)
+class Section:
+    """One part of the report: shown when ``select`` finds rows for it."""
+
+    title: str
+    select: Callable[[pd.DataFrame], pd.DataFrame]
+    """Rows this section draws (an empty frame hides the section)."""
+    build: Callable[[pd.DataFrame, pd.DataFrame], object]
+    """(its rows, all rows) → a holoviews object."""
+
+
+def _workload(name: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def select(df: pd.DataFrame) -> pd.DataFrame:
+        if "workload" not in df:
+            return df.iloc[0:0]
+        return df[(df["workload"] == name) & (df["status"] == "ok")]
+
+    return select
+
+
+def _device_label(kind, name, cores) -> str:
+    if kind == "cpu":
+        return f"CPU {name or 'unknown'}" + (f", {cores} physical cores" if cores else "")
+    return f"{kind} {name or 'unknown GPU'}"
+
+
+def _reference_ceilings(kind, name, compute_units, cores) -> pd.DataFrame | None:
+    """The spec (GPU) or theoretical (CPU) ceilings of the device rows measured, or None.
+
+    A CPU's theoretical peak is computed here from this machine's ISA and clock, so only for
+    rows of this CPU model, and of the physical cores the rows' process had (recorded in the
+    fingerprint); an older row without them gets no roof rather than the whole machine's."""
+    from ..core.devices import DeviceInfo, cpu_model_name, cpu_theoretical_peak, reference_ceilings
+
+    if name is None or kind is None:
+        return None
+    if kind == "cpu":
+        if name != cpu_model_name() or not cores:
+            return None
+        ceilings = reference_ceilings(
+            DeviceInfo(kind="cpu", torch_device="cpu", name=name, count=1, memory_bytes=None),
+            cpu_peak=cpu_theoretical_peak(cores=int(cores)))
+    else:
+        ceilings = reference_ceilings(DeviceInfo(kind=kind, torch_device="", name=name, count=1,
+                                                 memory_bytes=None, compute_units=compute_units))
+    return pd.DataFrame(ceilings) if ceilings else None
+
+
+def _gemm(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    """One GEMM plot per device the rows measured, each under that device's peaks only (a CPU
+    row is never drawn under a GPU's spec roof)."""
+    import holoviews as hv
+
+    from ..core.env import measured_devices
+
+    measured = measured_devices(rows)
+    cores = rows["env_cpu_cores_counted"] if "env_cpu_cores_counted" in rows else [None] * len(rows)
+    keys = [(_plain(kind), _plain(name), _plain(units), _plain(n) if kind == "cpu" else None)
+            for kind, name, units, n in zip(measured["kind"], measured["name"],
+                                            measured["compute_units"], cores)]
+    panels = []
+    for key in dict.fromkeys(keys):
+        plot = plots.gemm_throughput(rows[[k == key for k in keys]], _reference_ceilings(*key))
+        if isinstance(plot, hv.Overlay):
+            plot = plot.opts(title=f"GEMM throughput: {_device_label(key[0], key[1], key[3])} "
+                                   "(hollow: noisy)")
+        panels.append(plot)
+    return panels[0] if len(panels) == 1 else hv.Layout(panels).cols(1)
+
+
+def _plain(value):
+    """A hashable, comparable key part: None for missing (NaN), int for whole floats."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _roofline(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .plots.roofline import roofline_section
+
+    return roofline_section(rows, all_rows)
+
+
+def _training(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .plots.training import training_section
+
+    return training_section(rows, all_rows)
+
+
+def _scaling(rows: pd.DataFrame, all_rows: pd.DataFrame):
+    from .plots.scaling import scaling_section
+
+    return scaling_section(rows, all_rows)
+
+
+SECTIONS: list[Section] = [
+    Section(title="Roofline", select=_workload("roofline"), build=_roofline),
+    Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
+    Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"), build=_training),
+    Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
+    Section(title="Collective bus bandwidth", select=_workload("collectives"),
+            build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
+    Section(title="Collective knob settings", select=_workload("collectives"),
+            build=lambda rows, all_rows: plots.knob_comparison(rows)),
+]
+
+
+def _cell(value) -> str:
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # an int column that met a missing value in another file's rows
+    return html.escape(str(value))
+
+
+def sections(df: pd.DataFrame) -> list[tuple[str, object]]:
+    """(title, holoviews object) for every section whose rows ``df`` holds, in report order.
+
+    ``notebooks/report.ipynb`` displays these live; :func:`build_report` renders them to HTML."""
+    out = []
+    for section in SECTIONS:
+        rows = section.select(df)
+        if not rows.empty:
+            out.append((section.title, section.build(rows, df)))
+    return out
+
+
+def failures_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration that did not end ok: its status, reason and parameters."""
+    bad = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
+    cols = [c for c in ("config_id", "notebook", "status", "reason") if c in bad]
+    params = [c for c in bad.columns if c not in cols and not str(c).startswith("env_") and c not in
+              {"recorded_at", "noisy"} and not str(c).endswith("_samples_s") and bad[c].notna().any()]
+    keys = ["config_id", "status"] if "config_id" in bad else None
+    return bad[cols + params[:8]].drop_duplicates(subset=keys).reset_index(drop=True)
+
+
+def _table_html(frame: pd.DataFrame, max_rows: int = 500) -> str:
+    shown = frame.head(max_rows)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>"
+        for row in shown.itertuples(index=False)
+    )
+    more = f"<p>… {len(frame) - max_rows} more rows</p>" if len(frame) > max_rows else ""
+    return f'<table class="pk"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
+
+
+def _failures(df: pd.DataFrame) -> str:
+    table = failures_table(df)
+    if table.empty:
+        return "<h2>Failures</h2><p>Every configuration ended ok.</p>"
+    counts = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in table["status"].value_counts().items())
+    return f"<h2>Failed, oom, timeout, killed and skipped configurations</h2><p>{counts}</p>{_table_html(table)}"
+
+
+def _environment(df: pd.DataFrame) -> str:
+    if "env_json" not in df:
+        return ""
+    fps = df.drop_duplicates("env_fingerprint_id")
+    warn = ""
+    mixed = [k for k in _COMPARABILITY_KEYS if k in df and df[k].nunique(dropna=False) > 1]
+    if mixed:
+        values = "; ".join(f"{k[4:]}: {', '.join(map(str, df[k].dropna().unique()))}" for k in mixed)
+        warn = (f'<p class="warn">⚠ Rows from different environments are plotted together '
+                f'({html.escape(values)}): compare them with care.</p>')
+    items = []
+    for row in fps.itertuples():
+        facts = json.loads(row.env_json)
+        facts.pop("env_vars", None)
+        pretty = ", ".join(f"{k}={v}" for k, v in facts.items() if v not in (None, ""))
+        items.append(f"<li><code>{html.escape(str(row.env_fingerprint_id))}</code>: {html.escape(pretty)}</li>")
+    return f"<h2>Environment fingerprints</h2>{warn}<ul>{''.join(items)}</ul>"
+
+
+_CSS = """<style>
+body{font-family:system-ui,sans-serif;margin:1.5em} table.pk{border-collapse:collapse;font-size:12px}
+table.pk td,table.pk th{border:1px solid #ccc;padding:2px 6px;text-align:left}
+.warn{background:#fff3cd;border:1px solid #e0b000;padding:6px}
+</style>"""
+
+
+def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
+    """A bokeh layout of the report for ``df`` (rows as :func:`perfkit.core.results.load` gives)."""
+    import holoviews as hv
+    from bokeh.layouts import column
+    from bokeh.models import Div
+
+    plots.hv_bokeh()
+    counts = df["status"].value_counts().to_dict() if "status" in df else {}
+    summary = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in counts.items()) or "no rows"
+    n_configs = df["config_id"].nunique() if "config_id" in df else 0
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [Div(text=f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, "
+                      f"{len(df)} rows ({summary}); generated {stamp}.</p>", sizing_mode="stretch_width")]
+    shown = []
+    for title, obj in sections(df):
+        shown.append(title)
+        parts.append(Div(text=f"<h2>{html.escape(title)}</h2>"))
+        parts.append(hv.render(obj, backend="bokeh"))
+    parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
+    parts.append(Div(text=_environment(df), sizing_mode="stretch_width"))
+    layout = column(*parts)
+    layout.tags = shown
+    return layout
+
+
+def write_report(directory: str | Path, output: str | Path, *, title: str | None = None) -> Path:
+    """Load every row under ``directory`` and write the standalone report to ``output``."""
+    from bokeh.embed import file_html
+    from bokeh.resources import INLINE
+
+    df = load(directory)
+    title = title or f"perfkit report: {Path(directory).resolve().name}"
+    layout = build_report(df, title=title)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(output.suffix + ".tmp")
+    page = file_html(layout, resources=INLINE, title=title)
+    # An empty icon: opened from disk, browsers would otherwise request a missing /favicon.ico.
+    page = page.replace("<head>", '<head>\n    <link rel="icon" href="data:,">', 1)
+    # panel (imported by holoviews) registers an ES-module shim that bokeh links by a relative
+    # path instead of inlining; no plot here uses it, and offline it would only be a failed load.
+    page = re.sub(r'<script src="static/extensions/[^"]*"></script>\s*', "", page)
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(output)
+    return output
+
+
+#: The results folder of the report notebook when its ``results_dir`` parameter is "" (how the
+#: test suite points nbval, which cannot inject parameters, at rows it prepared).
+REPORT_DIR_ENV = "PERFKIT_REPORT_DIR"
+
+
+def notebook_results_dir(results_dir: str | Path) -> Path:
+    """The report notebook's folder: ``results_dir``, or ``$PERFKIT_REPORT_DIR`` when it is "".
+
+    A folder that does not exist is an error, never replaced by other rows: a mistyped path must
+    not show an ``ok`` run of something else.
+    """
+    import os
+
+    from ..core.errors import BadInputError
+
+    given = str(results_dir) or os.environ.get(REPORT_DIR_ENV, "")
+    if not given:
+        raise BadInputError(f"results_dir is empty and ${REPORT_DIR_ENV} is not set: set results_dir to a "
+                            "sweep's --out (make demo writes ../runs/quickstart)")
+    path = Path(given)
+    if not path.exists():
+        raise BadInputError(f"results directory {given!r} does not exist (looked in {path.resolve()}): "
+                            "set results_dir to a sweep's --out")
+    return path
