@@ -281,13 +281,15 @@ def test_a_launch_past_its_deadline_gives_timeout_rows_and_the_run_goes_on():
 
 
 @pytest.mark.slow
-def test_an_injected_straggler_is_reported_as_straggler_time_not_as_communication():
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_an_injected_straggler_is_reported_as_straggler_time_not_as_communication(wrapper):
     """Calibration on real gloo ranks: rank 1 computes 50 ms longer every step. In the synchronised
-    step rank 0 waits for it inside the all-reduce, so both ranks' step times are equal; only the
-    compute-only step shows which rank is slow and by how much."""
+    step rank 0 waits for it inside the collectives, so both ranks' step times are equal; only the
+    compute-only step (no collective at all: FSDP keeps its parameters gathered there) shows which
+    rank is slow and by how much."""
     delay_s = 0.05
     # 11 timed steps: the two runs' medians are steadier on shared cores, for 1 s more of delay.
-    cfg = ScalingConfig(train=TrainConfig(parallelism="ddp", steps=12, device="cpu"), world_sizes=[2],
+    cfg = ScalingConfig(train=TrainConfig(parallelism=wrapper, steps=12, device="cpu"), world_sizes=[2],
                         batch_size=16, straggler_rank=1, straggler_delay_s=delay_s, timeout_s=120)
     rows = run_scaling(cfg)
     _check_rows(rows)

@@ -12,18 +12,19 @@ configuration, one run after the other in the same processes:
    :func:`perfkit.analyse.scaling.step_breakdown` takes the straggler time; ``compute_time_method`` says
    how). DDP: ``require_backward_grad_sync = False``, the flag
    ``DistributedDataParallel.no_sync()`` sets, so backward launches no all-reduce and the rest of
-   the step (optimizer included) is unchanged. FSDP2: ``set_requires_gradient_sync(False)``,
-   which drops the gradient reduce-scatter, but the parameter all-gathers still run and, with no
-   sharded gradients, the optimizer skips its update; so for FSDP ``step − compute`` is the
-   gradient reduction plus the optimizer update, an upper bound on the exposed communication.
+   the step (optimizer included) is unchanged. FSDP2: ``set_requires_gradient_sync(False)`` and
+   ``set_reshard_after_backward(False)`` with ``reshard_after_forward=False`` (its recipe for
+   gradient accumulation without communication): no reduce-scatter, and parameters stay gathered
+   after the untimed first step, so the timed steps run no collective; with no sharded gradients
+   the optimizer skips its update, so for FSDP ``step − compute`` is the communication plus the
+   optimizer update, an upper bound on the exposed communication. The compute-only run holds the
+   whole model's parameters on every rank, as DDP does.
 
 Calibration: ``straggler_delay_s`` > 0 makes rank ``straggler_rank`` sleep that long at the start
 of every forward (extra compute, in the timed step, in both runs) in every launch with more than
 one rank, so the breakdown must report it as straggler time and not as exposed communication. The
 world-size-1 baselines stay undisturbed: with one rank there is no one to straggle behind. The
 sleep is on the host; on a GPU the device idles for it, as it would behind a slow data loader.
-Under FSDP the compute-only step keeps its all-gathers, where the other ranks wait for the slow
-one, so there the delay reads as compute, not as straggler time (:mod:`perfkit.analyse.scaling`).
 
 Both one-device baselines of formulas.md (Scaling) run in the world-size-1 launch: the plain
 module (parallelism ``none``) and the wrapper on one rank, so their times share one process.
@@ -63,7 +64,7 @@ _MODES = ("strong", "weak")
 _COMPUTE_METHOD = {
     "none": "no wrapper: the step itself",
     "ddp": "ddp no_sync: no gradient all-reduce",
-    "fsdp": "fsdp no gradient sync: no reduce-scatter, all-gathers kept, no optimizer update",
+    "fsdp": "fsdp no gradient sync, parameters kept gathered: no collective after the first step, no optimizer update",
 }
 
 
@@ -156,8 +157,15 @@ def _gradient_sync_disabled():
         return model
 
     def fsdp_without_sync(*args, **kwargs):
+        # FSDP2's recipe for steps without communication (gradient accumulation): no gradient
+        # reduce-scatter, and parameters that stay gathered after forward and backward, so after
+        # the untimed first step's all-gathers a step runs no collective at all. Otherwise every
+        # block's all-gather makes the fast ranks wait for the slow one, and a straggler reads as
+        # compute on every rank.
+        kwargs["reshard_after_forward"] = False
         model = apply_fsdp(*args, **kwargs)
-        model.set_requires_gradient_sync(False)  # FSDP2: no gradient reduce-scatter
+        model.set_requires_gradient_sync(False)
+        model.set_reshard_after_backward(False)
         switched.append("fsdp")
         return model
 
