@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import status as _status
+from .durable import fsync_dir as _fsync_dir
 from .errors import BadInputError, ConfigurationSkipped
 
 __all__ = ["RunContext", "current_context", "record", "skip", "load", "write_rows", "CONTEXT_ENV", "unit_of"]
@@ -181,19 +182,6 @@ def write_rows(frame: pd.DataFrame, path: Path) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def record(rows, *, status: str = _status.OK, reason: str | None = None,

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ...core.durable import fsync_dir as _fsync_dir
 from ...core.errors import BadInputError
 
 __all__ = ["LedgerEntry", "Ledger", "SweepLock", "SweepLocked", "RUNNING"]
@@ -149,19 +150,6 @@ def _read_events(path: Path) -> Iterator[LedgerEntry]:
             except json.JSONDecodeError:
                 continue
             yield LedgerEntry(**{k: v for k, v in data.items() if k in fields})
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class SweepLocked(BadInputError):

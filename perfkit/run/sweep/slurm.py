@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...core import status as st
+from ...core.durable import write_text_atomic
 from ...core.errors import BadInputError
 from ..execute import Outcome, banner, has_status_row
 from ...core.results import RunContext, record
@@ -130,18 +131,7 @@ class _Jobs:
             self.data = dict(configs)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w") as fh:
-            fh.write(json.dumps({"version": 1, "configs": self.data}, indent=1, sort_keys=True))
-            fh.flush()
-            os.fsync(fh.fileno())  # the rename must never publish an empty or partial file
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a crash
-        finally:
-            os.close(fd)
+        write_text_atomic(self.path, json.dumps({"version": 1, "configs": self.data}, indent=1, sort_keys=True))
 
 
 def _expand_ids(job_id: str) -> list[str]:
