@@ -48,6 +48,7 @@ _OUTPUTS_JS = """() => {
       const node = area.widgets[j] ? area.widgets[j].node : null;
       out.push({cell: i, output_type: o.output_type, ename: o.ename || null, evalue: o.evalue || null,
                 mimes: Object.keys(o.data || {}), canvases: node ? canvases(node) : 0,
+                progress_bars: node ? node.querySelectorAll('.widget-hprogress').length : 0,
                 // a bokeh document holding a figure (holoviews' extension output is a document too)
                 is_plot: /"name":"(Figure|GridPlot)"/.test((o.data || {})['text/html'] || ''),
                 text: node ? node.innerText.slice(0, 500) : ''});

@@ -143,6 +143,8 @@ def test_notebook_runs_and_renders_offline(source, lab, lab_root, browser, shots
         _assert_renders(page, outputs, name)
         if source.name != "report.ipynb":
             assert any(o["is_plot"] for o in outputs), f"{name} drew no plot"
+        if source.name == "gemm.ipynb":  # long work shows tqdm's notebook bar when run by hand
+            assert any(o["progress_bars"] for o in outputs), "no progress bar while measuring the GEMM points"
         page.screenshot(shots / f"{source.stem}.png")
         if source.name == "report.ipynb":
             _change_explorer_dropdown(page, shots)

@@ -78,3 +78,19 @@ def test_executed_notebooks_are_trusted(tmp_path, monkeypatch):
     assert not NotebookNotary().check_signature(nbformat.read(path, as_version=4))
     assert trust_executed(path)
     assert NotebookNotary().check_signature(nbformat.read(path, as_version=4))
+
+
+def test_progress_bars_only_where_someone_watches(monkeypatch):
+    from perfkit.core import progress as pr
+
+    items = [1, 2, 3]
+    monkeypatch.delenv("PERFKIT_CONTEXT", raising=False)
+    monkeypatch.delenv("PERFKIT_STATIC", raising=False)
+    monkeypatch.setattr(pr.sys.stderr, "isatty", lambda: True, raising=False)
+    bar = pr.progress(items, desc="x")
+    assert bar is not items and list(bar) == items  # a terminal: a tqdm bar
+    monkeypatch.setenv("PERFKIT_STATIC", "1")
+    assert pr.progress(items, desc="x") is items  # headless: nothing
+    monkeypatch.delenv("PERFKIT_STATIC")
+    monkeypatch.setenv("PERFKIT_CONTEXT", "{}")
+    assert pr.progress(items, desc="x") is items  # under an executor: nothing

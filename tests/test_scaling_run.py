@@ -263,7 +263,7 @@ def test_fsdp_weak_point_measures_a_compute_only_step_on_two_ranks():
     _check_rows(rows)
     row = rows.iloc[0]
     assert (row["parallelism"], row["global_batch_size"], row["per_device_batch_size"]) == ("fsdp", 32, 16)
-    assert "reduce-scatter" in row["compute_time_method"]
+    assert "reduce-scatter" in row["compute_time_method"] and "kept gathered" in row["compute_time_method"]
     eff = scaling.scaling_efficiency(rows, mode="weak")  # no world-size-1 point: no baseline
     assert eff["efficiency_vs_none"].isna().all()
     assert eff["baseline_none_reason"].str.contains("no baseline row").all()

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from ..core.devices import resolve_device
 from ..core.formulas import gemm_flop, gemm_min_bytes
+from ..core.progress import progress
 from ..core.timing import measure
 
 __all__ = ["DTYPES", "dtype_support", "measure_gemm"]
@@ -56,29 +57,29 @@ def measure_gemm(
     device = resolve_device(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
-    for dtype in dtypes:
-        for size in sizes:
-            base = {"workload": "gemm", "size": int(size), "m": int(size), "n": int(size), "k": int(size), "dtype": dtype,
-                    "device": device}
-            reason = dtype_support(dtype, device)
-            if reason:
-                rows.append({**base, "status": "skipped", "reason": reason})
-                continue
-            torch_dtype = getattr(torch, DTYPES[dtype])
-            a = torch.randn(size, size, generator=gen).to(device=device, dtype=torch_dtype)
-            b = torch.randn(size, size, generator=gen).to(device=device, dtype=torch_dtype)
-            out = torch.empty(size, size, device=device, dtype=torch_dtype)
-            # fp32 is IEEE fp32 (a user's allow_tf32 or oneDNN's bf16 mode would inflate it).
-            with math_mode(dtype):
-                m = measure(lambda: torch.matmul(a, b, out=out), min_run_time_s=min_run_time_s,
-                            device=device, label=f"matmul {size}^3 {dtype}")
-            flop = gemm_flop(size, size, size)
-            nbytes = gemm_min_bytes(size, size, size, a.element_size())
-            rows.append({
-                **base, "status": "ok", "reason": None,
-                "flop": flop, "bytes": nbytes,
-                **m.as_row("time"),
-                "flop_per_s": flop / m.median_s,
-                "bytes_per_s": nbytes / m.median_s,
-            })
+    points = [(dtype, size) for dtype in dtypes for size in sizes]
+    for dtype, size in progress(points, desc="GEMM", unit="point"):
+        base = {"workload": "gemm", "size": int(size), "m": int(size), "n": int(size), "k": int(size), "dtype": dtype,
+                "device": device}
+        reason = dtype_support(dtype, device)
+        if reason:
+            rows.append({**base, "status": "skipped", "reason": reason})
+            continue
+        torch_dtype = getattr(torch, DTYPES[dtype])
+        a = torch.randn(size, size, generator=gen).to(device=device, dtype=torch_dtype)
+        b = torch.randn(size, size, generator=gen).to(device=device, dtype=torch_dtype)
+        out = torch.empty(size, size, device=device, dtype=torch_dtype)
+        # fp32 is IEEE fp32 (a user's allow_tf32 or oneDNN's bf16 mode would inflate it).
+        with math_mode(dtype):
+            m = measure(lambda: torch.matmul(a, b, out=out), min_run_time_s=min_run_time_s,
+                        device=device, label=f"matmul {size}^3 {dtype}")
+        flop = gemm_flop(size, size, size)
+        nbytes = gemm_min_bytes(size, size, size, a.element_size())
+        rows.append({
+            **base, "status": "ok", "reason": None,
+            "flop": flop, "bytes": nbytes,
+            **m.as_row("time"),
+            "flop_per_s": flop / m.median_s,
+            "bytes_per_s": nbytes / m.median_s,
+        })
     return rows

@@ -64,7 +64,7 @@ _MODES = ("strong", "weak")
 _COMPUTE_METHOD = {
     "none": "no wrapper: the step itself",
     "ddp": "ddp no_sync: no gradient all-reduce",
-    "fsdp": "fsdp no gradient sync, parameters kept gathered: no collective after the first step, no optimizer update",
+    "fsdp": "fsdp no reduce-scatter, parameters kept gathered: no collective after the first step, no optimizer update",
 }
 
 

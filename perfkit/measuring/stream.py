@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..core.devices import resolve_device
 from ..core.errors import BadInputError, PerfkitError
+from ..core.progress import progress
 from ..core.timing import measure
 from ..analyse.levels import cpu_cache_sizes
 
@@ -166,27 +167,27 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
         impl.first_touch(x, v, threads) if impl else x.fill_(v)
     target = (64 << 20) if quick else (256 << 20)  # bytes per call: amortizes the OpenMP fork
     rows = []
-    for kernel in kernels:
+    sweep = [(k, ws) for k in kernels for ws in _working_sets(min_working_set_bytes, max_working_set_bytes, per_octave)]
+    for kernel, ws in progress(sweep, desc="STREAM working sets", unit="point"):
         words = STREAM_KERNELS[kernel]
-        for ws in _working_sets(min_working_set_bytes, max_working_set_bytes, per_octave):
-            n = ws // (words * item)
-            if n < 64:
-                continue
-            a, b, c = (x[:n] for x in arrays)
-            moved = words * n * item
-            reps = max(1, target // moved)
-            fn = functools.partial(funcs[kernel], a, b, c, _SCALAR, reps, threads)
-            # Past the LLC each call is one slow sweep: give the DRAM/HBM points (the ceiling
-            # a roofline is usually read against) more samples even in a quick sweep.
-            point_s = run_s if min_run_time_s is not None or ws <= llc else max(run_s, 0.2)
-            meas = measure(fn, min_run_time_s=point_s, device=device, label=f"{kernel} {ws} B")
-            total = moved * reps
-            rows.append({"device": device, "kernel": kernel, "dtype": dtype, "backend": backend, "threads": threads,
-                         "working_set_bytes": words * n * item, "elements": n, "reps": reps,
-                         "bytes": total, **meas.as_row("time"),
-                         "bytes_per_s": total / meas.median_s,
-                         "bytes_per_s_best": total / meas.min_s,  # stream.c's "Best Rate"
-                         "bytes_per_s_iqr": total / meas.percentile(25) - total / meas.percentile(75)})
+        n = ws // (words * item)
+        if n < 64:
+            continue
+        a, b, c = (x[:n] for x in arrays)
+        moved = words * n * item
+        reps = max(1, target // moved)
+        fn = functools.partial(funcs[kernel], a, b, c, _SCALAR, reps, threads)
+        # Past the LLC each call is one slow sweep: give the DRAM/HBM points (the ceiling
+        # a roofline is usually read against) more samples even in a quick sweep.
+        point_s = run_s if min_run_time_s is not None or ws <= llc else max(run_s, 0.2)
+        meas = measure(fn, min_run_time_s=point_s, device=device, label=f"{kernel} {ws} B")
+        total = moved * reps
+        rows.append({"device": device, "kernel": kernel, "dtype": dtype, "backend": backend, "threads": threads,
+                     "working_set_bytes": words * n * item, "elements": n, "reps": reps,
+                     "bytes": total, **meas.as_row("time"),
+                     "bytes_per_s": total / meas.median_s,
+                     "bytes_per_s_best": total / meas.min_s,  # stream.c's "Best Rate"
+                     "bytes_per_s_iqr": total / meas.percentile(25) - total / meas.percentile(75)})
     del arrays
     return pd.DataFrame(rows)
 
