@@ -7,13 +7,13 @@ spirit of the Empirical Roofline Toolkit's level detection.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
+from ..core.cpu_share import SYS_CPU, affinity_cpus
 from ..core.errors import BadInputError
 from ..core.timing import NOISY_IQR_OVER_MEDIAN
 
@@ -26,7 +26,7 @@ def _parse_size(text: str) -> int:
     return int(text.rstrip("KMG")) * scale
 
 
-def cpu_cache_sizes(cpus: Sequence[int] | None = None, root: str = "/sys/devices/system/cpu") -> dict[str, int]:
+def cpu_cache_sizes(cpus: Sequence[int] | None = None, root: str = str(SYS_CPU)) -> dict[str, int]:
     """Data-cache capacity per level summed over the distinct cache instances of ``cpus``
     (default: the CPUs this process may run on), from Linux sysfs; ``{}`` when unreadable.
 
@@ -34,7 +34,7 @@ def cpu_cache_sizes(cpus: Sequence[int] | None = None, root: str = "/sys/devices
     holds is the aggregate over cores; a shared L3 counts once per instance.
     """
     if cpus is None:
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        cpus = affinity_cpus()
     seen, sizes = set(), {}
     for cpu in cpus:
         for index in sorted(Path(root, f"cpu{cpu}", "cache").glob("index*")):

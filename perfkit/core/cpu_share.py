@@ -27,10 +27,19 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["SYS_CPU", "CpuShare", "cpu_share", "parse_cpu_list", "physical_core_ids", "run_cores"]
+__all__ = ["SYS_CPU", "CpuShare", "affinity_cpus", "cpu_share", "parse_cpu_list", "physical_core_ids", "run_cores"]
 
 #: Where Linux describes its CPUs (sysfs).
 SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+def affinity_cpus() -> tuple[int, ...]:
+    """The logical CPUs this process may run on (its affinity mask), sorted; every CPU where
+    there are no affinity masks (macOS)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:
+        return tuple(range(os.cpu_count() or 1))
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -124,12 +133,7 @@ def _torch_threads() -> int | None:
 def cpu_share(*, cpus: Iterable[int] | None = None, threads: int | None = None,
               root: str | Path | None = None, host: str | None = None) -> CpuShare:
     """This process's share (arguments override what is read, for tests and other processes)."""
-    if cpus is None:
-        try:
-            cpus = os.sched_getaffinity(0)
-        except AttributeError:  # macOS: no affinity masks
-            cpus = range(os.cpu_count() or 1)
-    cpus = tuple(sorted(int(c) for c in cpus))
+    cpus = affinity_cpus() if cpus is None else tuple(sorted(int(c) for c in cpus))
     if threads is None:
         threads = _torch_threads() or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(cpus)
     core_ids, source = physical_core_ids(cpus, root)

@@ -103,14 +103,9 @@ def detect(device: str = "auto") -> DeviceInfo:
 
 def _usable_cores() -> int:
     """Logical CPUs this process may run on (its affinity mask)."""
-    return len(_affinity())
+    from .cpu_share import affinity_cpus
 
-
-def _affinity() -> tuple[int, ...]:
-    try:
-        return tuple(sorted(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS: no affinity masks
-        return tuple(range(os.cpu_count() or 1))
+    return len(affinity_cpus())
 
 
 def _system_memory_bytes() -> int | None:

@@ -18,6 +18,14 @@ __all__ = ["SpecPeaks", "SPEC_TABLE", "SPEC_LINKS", "spec_peaks", "spec_ceilings
 _T = 1e12  # spec sheets quote TFLOP/s and TB/s (10^12)
 
 
+#: A100 dense compute peaks, the same on every A100 part (NVIDIA A100 datasheet); the parts
+#: differ in memory only.
+_A100_FLOP_PER_S = {
+    "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
+    "bf16": 312 * _T, "fp16": 312 * _T,
+}
+
+
 @dataclass(kw_only=True, frozen=True)
 class SpecPeaks:
     """One spec-sheet row: dense peaks of one device model, with the source they come from."""
@@ -86,10 +94,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     SpecPeaks(
         model="NVIDIA A100 40GB",
         pattern=r"\bA100\b.*\b40GB\b",
-        flop_per_s={
-            "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
-            "bf16": 312 * _T, "fp16": 312 * _T,
-        },
+        flop_per_s=dict(_A100_FLOP_PER_S),
         memory_bytes_per_s=1.555 * _T,
         memory_bytes=40e9,
         source="NVIDIA A100 datasheet (40 GB: 1,555 GB/s)",
@@ -97,10 +102,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     SpecPeaks(
         model="NVIDIA A100 80GB PCIe",
         pattern=r"\bA100\b.*\bPCIe\b",
-        flop_per_s={
-            "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
-            "bf16": 312 * _T, "fp16": 312 * _T,
-        },
+        flop_per_s=dict(_A100_FLOP_PER_S),
         memory_bytes_per_s=None,  # not in the reference table: unknown, not the SXM figure
         memory_bytes=80e9,
         source="NVIDIA A100 datasheet (compute; PCIe bandwidth not in perfkit's table)",
@@ -108,10 +110,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     SpecPeaks(
         model="NVIDIA A100 80GB SXM",
         pattern=r"\bA100\b",
-        flop_per_s={
-            "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
-            "bf16": 312 * _T, "fp16": 312 * _T,
-        },
+        flop_per_s=dict(_A100_FLOP_PER_S),
         memory_bytes_per_s=2.039 * _T,
         memory_bytes=80e9,
         source="NVIDIA A100 datasheet; torchtitan get_peak_flops uses 312e12",

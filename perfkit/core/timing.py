@@ -108,10 +108,9 @@ class _BlockTimer:
     """Times a block of calls: with ``hooks.new_event`` (CUDA/ROCm) by device events recorded on
     the work's device, else by ``clock`` between two synchronizations."""
 
-    def __init__(self, clock: Callable[[], float], synchronize: Callable[[], None],
-                 hooks: "_DeviceHooks"):
+    def __init__(self, clock: Callable[[], float], hooks: "_DeviceHooks"):
         self._clock = clock
-        self._synchronize = synchronize
+        self._synchronize = hooks.synchronize
         self._hooks = hooks
 
     def __call__(self, fn: Callable[[], object], calls: int) -> float:
@@ -204,8 +203,9 @@ def measure(
         raise ValueError("min_run_time_s and min_block_time_s must be positive")
     hooks = _device_hooks(device)
     if synchronize is not None or clock is not time.perf_counter:
-        hooks = _DeviceHooks(synchronize=hooks.synchronize)  # an injected clock must be read
-    timer = _BlockTimer(clock, synchronize or hooks.synchronize, hooks)
+        # An injected clock must be read: time by the clock, not by device events.
+        hooks = _DeviceHooks(synchronize=synchronize or hooks.synchronize)
+    timer = _BlockTimer(clock, hooks)
 
     # Warm-up. With ``warmup_calls`` given, exactly that many calls. By default it is time-based:
     # calls until ``min_warmup_s`` has passed (and at least two). A call count alone is not enough:

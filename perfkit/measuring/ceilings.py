@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import pandas as pd
@@ -22,8 +21,9 @@ from ..core.errors import BadInputError
 from ..core.formulas import gemm_flop
 from ..core.timing import measure
 from ..analyse.levels import detect_levels
+from .gemm import DTYPES
 from .shape_search import SearchResult, search_best_shape
-from .stream import cache_sizes, measure_bandwidth_curve
+from .stream import cache_sizes, free_memory_bytes, measure_bandwidth_curve
 
 __all__ = [
     "CEILING_COLUMNS",
@@ -83,19 +83,11 @@ def compute_dtypes(device: str = "cpu") -> dict[str, str | None]:
     return out
 
 
-def _free_memory_bytes(device: str) -> int:
-    import torch
-
-    if _kind(device) == "cpu":
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return torch.cuda.mem_get_info(torch.device(device))[0]
-
-
 def _search(device: str, dtype: str, quick: bool, rate) -> SearchResult:
     """Search the shape of ``dtype``'s best matmul throughput on ``device`` (rate measures one)."""
     on_cpu = _kind(device) == "cpu"
     min_n, max_n, max_call_s = _SEARCH[("cpu" if on_cpu else "gpu", quick)]
-    free = _free_memory_bytes(device)
+    free = free_memory_bytes(device)
 
     def fits(shape, best_flop_per_s: float) -> bool:
         m, n, k = shape
@@ -124,8 +116,7 @@ def _matmul_fn(device: str, dtype: str, m: int, n: int, k: int):
         a8, b8 = a.to(f8), b.t().contiguous().to(f8).t()
         one = torch.ones((), device=device, dtype=torch.float32)
         return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    torch_dtype = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
-                   "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = getattr(torch, DTYPES[dtype])
     a, b = a.to(torch_dtype), b.to(torch_dtype)
     out = torch.empty(m, n, device=device, dtype=torch_dtype)
     return lambda: torch.matmul(a, b, out=out)

@@ -53,7 +53,7 @@ from perfkit.measuring import parallel
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
-from perfkit.measuring.train_config import TrainConfig, check_supported
+from perfkit.measuring.train_config import TrainConfig, check_supported, config_device
 from perfkit.measuring.training import train_rank
 
 __all__ = ["ScalingConfig", "run_scaling", "scaling_rank", "raise_if_failed", "WRAPPERS"]
@@ -295,14 +295,6 @@ def _empty_row(cfg: ScalingConfig, point: TrainConfig, status: str, reason: str)
             "rank_compute_time_s": None}
 
 
-def _device(train: TrainConfig) -> str:
-    if train.device != "auto":
-        return train.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
     """Run ``cfg`` and return one row per (world size, parallelism), whatever happens.
 
@@ -312,7 +304,7 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
     """
     from perfkit.run.launch import launch
 
-    device = _device(cfg.train)
+    device = config_device(cfg.train)
     env = {"OMP_NUM_THREADS": str(cfg.threads_per_rank)} if cfg.threads_per_rank else None
     rows = []
     for n in cfg.world_sizes:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.cpu_share import affinity_cpus
 from ..core.devices import resolve_device
 from ..core.errors import BadInputError, PerfkitError
 from ..core.progress import progress
@@ -30,7 +31,7 @@ from ..core.timing import measure
 from ..analyse.levels import cpu_cache_sizes
 
 __all__ = ["STREAM_KERNELS", "ExtensionBuildError", "load_stream_extension", "measure_bandwidth_curve",
-           "cache_sizes"]
+           "cache_sizes", "free_memory_bytes"]
 
 #: Words moved per element (stream.c's ``bytes[]``: 2, 2, 3, 3 × sizeof(STREAM_TYPE)); also the
 #: number of arrays each kernel touches.
@@ -139,12 +140,11 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
         raise BadInputError(f"STREAM dtype must be fp64 or fp32, got {dtype!r}")
     if backend == "torch":
         threads = torch.get_num_threads() if on_cpu else 1  # torch ops use torch's own pool
-    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    threads = threads or len(affinity_cpus())
     caches = cache_sizes(device, threads)
     llc = max(caches.values(), default=256 << 20)
     if max_working_set_bytes is None:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if on_cpu else \
-            torch.cuda.mem_get_info(torch.device(device))[0]
+        free = free_memory_bytes(device)
         # CPU: past 2x (quick) or 4x the LLC. GPU: a GPU's L2 keeps part of a stream that is
         # several times its size, so go to >= 16x L2 and at least 1 GiB.
         want = 2 ** math.ceil(math.log2(llc * ((2 if quick else 4) if on_cpu else 16)))
@@ -192,10 +192,19 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
     return pd.DataFrame(rows)
 
 
+def free_memory_bytes(device: str) -> int:
+    """Bytes ``device`` has free now: available host RAM on a CPU, free device memory on a GPU."""
+    if _kind(device) == "cpu":
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    import torch
+
+    return torch.cuda.mem_get_info(torch.device(device))[0]
+
+
 def cache_sizes(device: str, threads: int) -> dict[str, int]:
     """Cache sizes of ``device`` as the first ``threads`` CPUs of this process see them, or the GPU's L2 (and MALL)."""
     if _kind(device) == "cpu":
-        cpus = sorted(os.sched_getaffinity(0))[:threads] if hasattr(os, "sched_getaffinity") else None
+        cpus = list(affinity_cpus())[:threads]
         return cpu_cache_sizes(cpus)
     import torch
 

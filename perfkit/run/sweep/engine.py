@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core import status as st
+from ...core.cpu_share import affinity_cpus
 from ..execute import Outcome, WarmKernel, execute_config, has_status_row
 from ..notebooks import read_notebook
 from ...core.results import RunContext, record
@@ -115,7 +116,7 @@ def device_slots(workers: int, devices_per_config: int, gpu_ids: Sequence[str] |
             ids = ",".join(gpu_ids[i * devices_per_config:(i + 1) * devices_per_config])
             slots.append({"CUDA_VISIBLE_DEVICES": ids, "HIP_VISIBLE_DEVICES": ids, "PERFKIT_SLOT": f"gpu:{ids}"})
         return slots
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or len(affinity_cpus())
     threads = max(1, cores // workers)
     return [{"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
              "PERFKIT_SLOT": f"cpu:{i}/{workers}x{threads}"} for i in range(workers)]
@@ -229,10 +230,10 @@ def _engine_failure(c: Config, out_dir: Path, attempt: int, slot: str, ledger: L
 
     message = f"the sweep engine failed around this configuration: {exc}\n{traceback.format_exc()}"
     outcome = end_without_run(c, out_dir, st.FAILED, type(exc).__name__, message)
-    output_nb, results_path = config_paths(c, out_dir)
     ledger.append(LedgerEntry(config_id=c.config_id, status=st.FAILED, attempt=attempt, notebook=str(c.notebook),
                               params=c.params, end=time.time(), duration_s=0.0, error_name=outcome.error_name,
-                              message=message, output_notebook=str(output_nb), results_path=str(results_path),
+                              message=message, output_notebook=str(outcome.output_notebook),
+                              results_path=str(outcome.results_path),
                               host=os.uname().nodename, pid=os.getpid(), slot=slot))
     return outcome
 
