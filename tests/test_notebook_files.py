@@ -69,7 +69,7 @@ def test_inline_mode_leaves_no_cdn_link_in_a_plot(monkeypatch):
 def test_executed_notebooks_are_trusted(tmp_path, monkeypatch):
     from nbformat.sign import NotebookNotary
 
-    from perfkit.run.notebooks import trust_executed
+    from perfkit.run.execute import trust_executed
 
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])

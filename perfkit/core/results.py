@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import status as _status
-from .durable import fsync_dir as _fsync_dir
+from .durable import write_atomic
 from .errors import BadInputError, ConfigurationSkipped
 
 __all__ = ["RunContext", "current_context", "record", "skip", "load", "write_rows", "CONTEXT_ENV", "unit_of"]
@@ -171,17 +171,9 @@ def write_rows(frame: pd.DataFrame, path: Path) -> None:
     meta = dict(table.schema.metadata or {})
     meta[b"perfkit.units"] = json.dumps(units).encode()
     table = table.replace_schema_metadata(meta)
-    tmp = path.with_name(f"{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    # The temp name carries _TMP_MARK: load() skips a temp file a kill left behind.
+    write_atomic(path, lambda fh: pq.write_table(table, fh),
+                 tmp=path.with_name(f"{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}"))
 
 
 def record(rows, *, status: str = _status.OK, reason: str | None = None,

@@ -35,9 +35,8 @@ from pathlib import Path
 from . import _teardown
 from ..core import status as st
 from ..core.results import CONTEXT_ENV, RunContext, load, record
-from .notebooks import trust_executed
 
-__all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "has_status_row"]
+__all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "trust_executed", "has_status_row"]
 
 # Runs in every kernel we start: when the process that started it dies (a sweep killed with
 # SIGKILL), the kernel kills every holder of its teardown token (torchrun and its ranks, which
@@ -186,7 +185,8 @@ class WarmKernel:
         try:  # shutdown_kernel also removes the connection file
             self._run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 - already dead is fine
-            self.kill()
+            self.kill()  # reaps the token's holders too
+            return
         self._reap()
 
     def _reap(self) -> None:
@@ -208,6 +208,27 @@ def banner(output_notebook: Path, text: str) -> None:
     cell.metadata["tags"] = ["perfkit-banner"]
     nb.cells.insert(0, cell)
     nbformat.write(nb, output_notebook)
+
+
+def trust_executed(path: str | Path) -> bool:
+    """Sign an executed notebook as trusted by this user, so that JupyterLab renders its plots.
+
+    JupyterLab runs no JavaScript output of an untrusted notebook, and holoviews/bokeh plots are
+    JavaScript: a sweep's executed notebook opened later would show its tables but no plot.
+    Jupyter signs a notebook its user executed when saving it; papermill does not, so perfkit
+    does the same for the notebooks it executed itself (signatures go to the user's Jupyter
+    signature database, ``nbformat.sign.NotebookNotary``). Returns False, changing nothing, when
+    the database cannot be written (a read-only home, say): the notebook stays untrusted.
+    """
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+        NotebookNotary().sign(nb)
+    except Exception:  # noqa: BLE001 - a missing signature never fails a configuration
+        return False
+    return True
 
 
 def has_status_row(results_path: Path, status: str | None, config_id: str | None = None) -> bool:

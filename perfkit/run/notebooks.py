@@ -17,8 +17,7 @@ from pathlib import Path
 
 from ..core.errors import BadInputError, ParameterTypeError, UnknownParameterError
 
-__all__ = ["Parameter", "NotebookSpec", "read_notebook", "coerce_cli_value", "check_params", "config_id",
-           "trust_executed"]
+__all__ = ["Parameter", "NotebookSpec", "read_notebook", "coerce_cli_value", "check_params", "config_id"]
 
 _MISSING = object()
 
@@ -190,23 +189,3 @@ def config_id(spec: NotebookSpec, params: Mapping[str, object]) -> str:
     blob = json.dumps({"code": spec.code_sha256, "params": dict(params)}, sort_keys=True, default=str)
     return f"{spec.path.stem}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
-
-def trust_executed(path: str | Path) -> bool:
-    """Sign an executed notebook as trusted by this user, so that JupyterLab renders its plots.
-
-    JupyterLab runs no JavaScript output of an untrusted notebook, and holoviews/bokeh plots are
-    JavaScript: a sweep's executed notebook opened later would show its tables but no plot.
-    Jupyter signs a notebook its user executed when saving it; papermill does not, so perfkit
-    does the same for the notebooks it executed itself (signatures go to the user's Jupyter
-    signature database, ``nbformat.sign.NotebookNotary``). Returns False, changing nothing, when
-    the database cannot be written (a read-only home, say): the notebook stays untrusted.
-    """
-    import nbformat
-    from nbformat.sign import NotebookNotary
-
-    try:
-        nb = nbformat.read(str(path), as_version=4)
-        NotebookNotary().sign(nb)
-    except Exception:  # noqa: BLE001 - a missing signature never fails a configuration
-        return False
-    return True

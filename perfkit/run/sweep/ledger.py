@@ -91,10 +91,11 @@ class Ledger:
         """Every complete event of every writer, oldest first (legacy file, then by ``written_at``)."""
         keyed = []
         for file_index, path in enumerate(self._files()):
+            legacy = path == self.legacy_path
             for line_index, event in enumerate(_read_events(path)):
                 # The legacy file's events predate every writer file's; within a file, its order.
-                when = event.written_at if path != self.legacy_path and event.written_at is not None else 0.0
-                keyed.append(((path != self.legacy_path, when, file_index, line_index), event))
+                when = 0.0 if legacy or event.written_at is None else event.written_at
+                keyed.append(((not legacy, when, file_index, line_index), event))
         keyed.sort(key=lambda k: k[0])
         yield from (event for _, event in keyed)
 
