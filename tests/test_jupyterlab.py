@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyterlab_driver import JupyterLab, NotebookPage, chromium_path
+from jupyterlab_driver import CHROMIUM_ARGS, JupyterLab, NotebookPage, chromium_path
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-HV_EXEC = "application/vnd.holoviews_exec.v0+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 RUN_TIMEOUT_S = 420
 
@@ -42,10 +41,7 @@ def browser():
         pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
     with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                                    "--disable-background-networking", "--disable-component-update",
-                                    "--disable-sync"])
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
 

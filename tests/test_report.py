@@ -2,7 +2,6 @@
 real headless Chromium that must render every bokeh plot without a JavaScript error."""
 
 import os
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +10,8 @@ import pytest
 from perfkit.core.env import fingerprint, flat_columns
 from perfkit.view.report import write_report
 from perfkit.core.results import write_rows
+
+from jupyterlab_driver import CHROMIUM_ARGS, chromium_path
 
 EVIL = "<script>alert('pwned')</script>"
 
@@ -70,26 +71,16 @@ def test_sections_only_when_rows_exist(tmp_path):
     assert "GEMM throughput</h2>" not in html.replace("&lt;", "<") and "boom" in html
 
 
-def _chromium():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 @pytest.mark.slow
 def test_report_renders_in_a_real_browser(results_dir):
-    chromium = _chromium()
+    chromium = chromium_path()
     if chromium is None:
         pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
     report = write_report(results_dir, results_dir / "report.html")
     errors, console = [], []
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1200, "height": 1600})
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.on("console", lambda msg: console.append((msg.type, msg.text)))
