@@ -313,3 +313,28 @@ def test_scancel_ends_killed_ctrl_c_leaves_tasks_and_resume_reattaches(cluster, 
     rows = perfkit.load(out)
     assert sorted(rows["status"]) == ["ok", "ok"]  # the killed attempt's row is gone
     print(f"\nscancel+Ctrl-C after {t_interrupt:.1f} s; resume done after {time.monotonic() - t0:.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_ab_sweep_runs_each_variant_and_round_as_its_own_task(cluster, tmp_path):
+    """Issue 14: variants and rounds on Slurm, each (configuration, variant, round) a task of the
+    array, its kernel in the variant's environment, its rows tagged."""
+    from perfkit.run.sweep.slurm import run_slurm_sweep
+    from perfkit.run.sweep.variants import Variant
+
+    probe = Path(__file__).parent / "notebooks" / "ab_probe.ipynb"
+    spec = SweepSpec(parts=(SweepPart(notebook=probe, grid={"x": [1]}),), rounds=2,
+                     variants=(Variant(name="a", env={"AB_MARK": "side-a"}),
+                               Variant(name="b", env={"AB_MARK": "side-b"}, parameters={"label": "from-b"})),
+                     slurm={"partition": cluster.partition, "cpus_per_task": 1})
+    configs = expand(spec)
+    result = run_slurm_sweep(spec, configs, tmp_path / "out", progress=False, poll_s=(0.5, 2.0))
+    assert result.exit_code == 0 and sorted(o.status for o in result.outcomes) == ["ok"] * 4
+    rows = perfkit.load(tmp_path / "out")
+    assert sorted(zip(rows["variant"], rows["round"])) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert (rows["ab_mark"] == "side-" + rows["variant"]).all()
+    assert (rows["label_seen"] == rows["variant"].map({"a": "a", "b": "from-b"})).all()
+    state = Ledger(tmp_path / "out").state()
+    assert {(e.variant, e.round) for e in state.values()} == {("a", 1), ("a", 2), ("b", 1), ("b", 2)}
+    assert all(e.slot.startswith("slurm:") for e in state.values())

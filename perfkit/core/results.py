@@ -5,7 +5,10 @@ row under DIR as one DataFrame. Each row carries:
 
 - ``config_id`` and ``status`` (``ok``, ``failed``, ``oom``, ``timeout``, ``killed``, ``skipped``)
   with ``reason`` for anything but ``ok``;
-- the configuration's parameters as columns of the same names (so rows group by what was swept);
+- the configuration's parameters as columns of the same names (so rows group by what was swept),
+  and their names as ``param_names`` (JSON text), so an analysis can tell a parameter from a
+  measured column; in an A/B sweep also ``variant``, ``round`` and ``variant_params`` (the names
+  the variant sets);
 - the environment fingerprint of the device the row measured (``env_*`` columns and the whole
   as ``env_json``; :func:`perfkit.core.env.fingerprint_columns`);
 - the raw samples the statistics came from (``*_samples_s`` list columns).
@@ -50,7 +53,10 @@ class RunContext:
     config_id: str
     """Stable id of the configuration (hash of the notebook and its parameters)."""
     params: Mapping[str, object] = field(default_factory=dict)
-    """The configuration's parameters, added to every row as columns."""
+    """Columns added to every row: the configuration's parameters (and an A/B sweep's
+    ``variant``/``round`` tags)."""
+    param_names: tuple[str, ...] | None = None
+    """Which of ``params`` are the notebook's parameters (recorded as ``param_names``); None: all."""
     notebook: str | None = None
     """The notebook (path as given to the executor)."""
     interactive: bool = False
@@ -60,6 +66,7 @@ class RunContext:
         return json.dumps({
             "results_path": str(self.results_path), "config_id": self.config_id,
             "params": dict(self.params), "notebook": self.notebook,
+            "param_names": None if self.param_names is None else list(self.param_names),
         }, default=str)
 
 
@@ -71,6 +78,7 @@ def current_context() -> RunContext:
         return RunContext(
             results_path=Path(data["results_path"]), config_id=data["config_id"],
             params=data.get("params") or {}, notebook=data.get("notebook"),
+            param_names=None if data.get("param_names") is None else tuple(data["param_names"]),
         )
     return _interactive_context()
 
@@ -145,6 +153,9 @@ def _complete(frame: pd.DataFrame, ctx: RunContext, status: str, reason: str | N
     for name, value in ctx.params.items():
         if name not in frame:  # a row's own, more specific value wins
             frame[name] = _params_cell(value)
+    if "param_names" not in frame:
+        names = list(ctx.params) if ctx.param_names is None else list(ctx.param_names)
+        frame["param_names"] = json.dumps(names)
     frame["notebook"] = ctx.notebook
     frame["recorded_at"] = pd.Timestamp.now(tz="UTC")
     env = fingerprint_columns(frame)  # each row's fingerprint is of the device it measured

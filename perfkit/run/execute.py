@@ -83,21 +83,24 @@ class WarmKernel:
     """
 
     def __init__(self, *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 preload: Sequence[str] = (), background: bool = False):
+                 preload: Sequence[str] = (), background: bool = False, python: str | None = None):
         from jupyter_client.kernelspec import KernelSpec
         from jupyter_client.manager import AsyncKernelManager
         from jupyter_core.utils import run_sync
 
         self._run_sync = run_sync
         self.km = AsyncKernelManager(kernel_name="python3")
-        # The kernel runs this interpreter: a user-level 'python3' kernelspec pointing at another
-        # Python must not silently take over (it would measure a different torch).
+        # The kernel runs this interpreter (or an A/B variant's, named explicitly): a user-level
+        # 'python3' kernelspec pointing at another Python must not silently take over (it would
+        # measure a different torch).
+        self.python = python or sys.executable
         self.km._kernel_spec = KernelSpec(
             # log_level ERROR: ipykernel 7 warns on every start that loopback TCP is unencrypted.
-            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            argv=[self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                   "--IPKernelApp.log_level=ERROR"],
-            display_name=f"perfkit ({sys.executable})", language="python", name="python3",
+            display_name=f"perfkit ({self.python})", language="python", name="python3",
         )
+        self.env_overrides = dict(env or {})
         kernel_env = dict(os.environ)
         kernel_env.pop(CONTEXT_ENV, None)
         kernel_env.update(env or {})
@@ -256,15 +259,20 @@ def execute_config(
     env: Mapping[str, str] | None = None,
     kernel: WarmKernel | None = None,
     log_output: bool = False,
+    python: str | None = None,
+    row_columns: Mapping[str, object] | None = None,
 ) -> Outcome:
-    """Run one configuration to its end and return how it ended (never raises for the run)."""
+    """Run one configuration to its end and return how it ended (never raises for the run).
+
+    ``python``: the interpreter of the kernel started here (an A/B variant's); ``row_columns``:
+    columns every row gets besides the parameters (an A/B sweep's ``variant`` and ``round``)."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
     notebook, output_notebook, results_path = Path(notebook), Path(output_notebook), Path(results_path)
     output_notebook.parent.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext(results_path=results_path.resolve(), config_id=config_id, params=dict(params),
-                     notebook=notebook.name)
+    ctx = RunContext(results_path=results_path.resolve(), config_id=config_id,
+                     params={**params, **(row_columns or {})}, param_names=tuple(params), notebook=notebook.name)
     started = time.time()
     t0 = time.monotonic()
     fired = threading.Event()
@@ -272,7 +280,7 @@ def execute_config(
     watchdog = None
     try:
         if kernel is None:
-            kernel = WarmKernel(env=env, cwd=notebook.resolve().parent)
+            kernel = WarmKernel(env=env, cwd=notebook.resolve().parent, python=python)
         kernel.set_context(ctx, notebook.resolve().parent)
 
         def _expire():

@@ -23,6 +23,12 @@ Running the same spec into the same DIR again resumes: configurations that ended
 oom are not run again; interrupted ones (never ended, or killed) are; failed and timeout ones
 only with --retry-failed. Exit codes: 0 every configuration ok or skipped, 1 any other ending,
 2 bad input (nothing runs).
+
+A/B sweeps: a spec's `variants:` (each a name with a `python` interpreter, `env` variables and/or
+fixed `parameters`) runs every configuration under every variant, interleaved (A B, then B A in
+the next of `rounds:` rounds) so drift hits both sides alike; rows carry `variant` and `round`.
+Each variant's interpreter is run once before anything else (it must import perfkit and
+ipykernel). Compare the sides with `perfkit compare DIR --by variant --base NAME`.
 """
 
 
@@ -51,10 +57,14 @@ def _cmd_sweep(args) -> int:
     out = Path(args.out)
     if args.dry_run:
         rows = plan(configs, out, retry_failed=args.retry_failed)
-        print(f"{'config_id':<28} {'ledger':<9} {'action':<7} parameters")
+        width = max(28, *(len(c.config_id) for c in configs))
+        ab = bool(spec.variants) or spec.rounds > 1
+        side = f"{'variant':<12} {'round':<5} " if ab else ""
+        print(f"{'config_id':<{width}} {side}{'ledger':<9} {'action':<7} parameters")
         for c, prev in rows:
             action = "run" if should_run(prev, args.retry_failed) else "done"
-            print(f"{c.config_id:<28} {prev or '-':<9} {action:<7} {_params_text(c.params)}")
+            side = f"{c.variant.name if c.variant else '-':<12} {c.round:<5} " if ab else ""
+            print(f"{c.config_id:<{width}} {side}{prev or '-':<9} {action:<7} {_params_text(c.params)}")
         todo = sum(should_run(p, args.retry_failed) for _, p in rows)
         print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
               f"({', '.join(sorted(FINISHED))} are not re-run)")

@@ -12,7 +12,11 @@
   kernel starts (and imports the notebook's modules) in the background. A kernel never serves
   two configurations.
 - **OOM is an edge.** After an ``oom`` at value v of the spec's ``oom_axis`` (batch size),
-  pending configurations equal but for a larger value are ``skipped`` without running.
+  pending configurations equal but for a larger value (same variant) are ``skipped`` without
+  running.
+- **A/B variants.** A configuration of an interleaved A/B sweep runs in a kernel of its
+  variant's interpreter with its environment over the slot's; a warmed kernel of another
+  variant is not used for it.
 - **No configuration vanishes.** Whatever fails around a configuration's body (its kernel does
   not start, the engine itself raises), it ends ``failed`` with the reason, a ledger entry and a
   row, and its slot goes on with the next one; the exit code counts every configuration that
@@ -39,7 +43,8 @@ from ..execute import Outcome, WarmKernel, execute_config, has_status_row
 from ..notebooks import read_notebook
 from ...core.results import RunContext, record
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
-from .spec import Config
+from .spec import Config, Variant
+from .variants import kernel_env
 
 __all__ = ["SweepResult", "plan", "should_run", "run_one", "end_without_run", "run_configs", "device_slots",
            "config_paths", "OomEdges", "raise_on_sigterm", "restore_sigterm", "RERUN_BY_DEFAULT"]
@@ -131,7 +136,8 @@ class OomEdges:
 
     @staticmethod
     def _rest(c: Config) -> tuple:
-        return (str(c.notebook), sorted((k, repr(v)) for k, v in c.params.items() if k != c.oom_axis))
+        return (str(c.notebook), c.variant.name if c.variant else None,
+                sorted((k, repr(v)) for k, v in c.params.items() if k != c.oom_axis))
 
     @classmethod
     def from_ledger(cls, state, like: Config) -> OomEdges:
@@ -141,7 +147,8 @@ class OomEdges:
         for e in state.values():
             if e.status == st.OOM:
                 edges.add(Config(config_id=e.config_id, notebook=Path(e.notebook), params=e.params, timeout_s=None,
-                                 devices=like.devices, oom_axis=like.oom_axis, part=like.part))
+                                 devices=like.devices, oom_axis=like.oom_axis, part=like.part,
+                                 variant=Variant(name=e.variant) if e.variant else None))
         return edges
 
     def add(self, c: Config) -> None:
@@ -170,16 +177,18 @@ def config_paths(c: Config, out_dir: Path) -> tuple[Path, Path]:
 
 def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger | None = None,
             edges: OomEdges | None = None, env: dict[str, str] | None = None,
-            take_kernel: Callable[[], WarmKernel] | None = None,
+            take_kernel: Callable[[Config], WarmKernel] | None = None,
             interrupted: Callable[[], bool] = lambda: False) -> Outcome | None:
     """One attempt of one configuration, ledger entries included — what every executor runs
-    (a local slot, a Slurm array task). Returns None when ``interrupted`` before it started."""
+    (a local slot, a Slurm array task). Returns None when ``interrupted`` before it started.
+    ``env``: the slot's environment; the configuration's variant adds its own over it."""
     ledger = ledger or Ledger(out_dir)
     output_nb, results_path = config_paths(c, out_dir)
     results_path.unlink(missing_ok=True)  # rows of an unfinished earlier attempt
     entry = LedgerEntry(config_id=c.config_id, status=RUNNING, attempt=attempt, notebook=str(c.notebook),
                         params=c.params, start=time.time(), output_notebook=str(output_nb),
-                        results_path=str(results_path), host=os.uname().nodename, pid=os.getpid(), slot=slot)
+                        results_path=str(results_path), host=os.uname().nodename, pid=os.getpid(), slot=slot,
+                        variant=c.variant.name if c.variant else None, round=c.round)
     edge = edges.past_edge(c) if edges is not None else None
     if edge is not None:
         ledger.append(entry)
@@ -187,7 +196,7 @@ def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger
                                   f"{c.oom_axis}={c.params[c.oom_axis]!r} is past the OOM edge at {edge!r}")
     else:
         try:
-            kernel = take_kernel() if take_kernel else None
+            kernel = take_kernel(c) if take_kernel else None
         except Exception as exc:  # noqa: BLE001 - this configuration fails, not the sweep
             kernel, no_kernel = None, exc
         else:
@@ -202,7 +211,9 @@ def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger
                                       f"the kernel did not start: {no_kernel}")
         else:
             outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
-                                     results_path=results_path, timeout_s=c.timeout_s, env=env, kernel=kernel)
+                                     results_path=results_path, timeout_s=c.timeout_s,
+                                     env=kernel_env(env, c.variant), kernel=kernel,
+                                     python=c.variant.python if c.variant else None, row_columns=c.row_columns)
         if interrupted() and outcome.status != st.OK:
             outcome = Outcome(**{**outcome.__dict__, "status": st.KILLED, "error_name": "Interrupted",
                                  "message": "the sweep was interrupted; it runs again on resume"})
@@ -218,7 +229,8 @@ def end_without_run(c: Config, out_dir: Path, status: str, error_name: str, mess
     output_nb, results_path = config_paths(c, out_dir)
     if not has_status_row(results_path, status, c.config_id):
         record([{}], status=status, reason=f"{error_name}: {message}" if status != st.SKIPPED else message,
-               context=RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
+               context=RunContext(results_path=results_path, config_id=c.config_id,
+                                  params={**c.params, **c.row_columns}, param_names=tuple(c.params),
                                   notebook=c.notebook.name))
     return Outcome(config_id=c.config_id, status=status, error_name=error_name, message=message, cell=None,
                    output_notebook=output_nb, results_path=results_path, started_at=time.time(), duration_s=0.0)
@@ -234,7 +246,8 @@ def _engine_failure(c: Config, out_dir: Path, attempt: int, slot: str, ledger: L
                               params=c.params, end=time.time(), duration_s=0.0, error_name=outcome.error_name,
                               message=message, output_notebook=str(outcome.output_notebook),
                               results_path=str(outcome.results_path),
-                              host=os.uname().nodename, pid=os.getpid(), slot=slot))
+                              host=os.uname().nodename, pid=os.getpid(), slot=slot,
+                              variant=c.variant.name if c.variant else None, round=c.round))
     return outcome
 
 
@@ -247,20 +260,30 @@ class _Slot:
         self.preload = tuple(preload)
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"warm-{name}")
         self._next: cf.Future | None = None
+        self._next_key: tuple | None = None
         self.current: WarmKernel | None = None
 
-    def warm(self) -> None:
-        if self._next is None:
-            self._next = self._pool.submit(WarmKernel, env=self.env, preload=self.preload, background=True)
+    def _start(self, variant: Variant | None, background: bool = False) -> WarmKernel:
+        return WarmKernel(env=kernel_env(self.env, variant), preload=self.preload, background=background,
+                          python=variant.python if variant else None)
 
-    def take(self) -> WarmKernel:
+    def warm(self, variant: Variant | None = None) -> None:
+        """Start the next kernel (for a configuration of ``variant``) in the background."""
+        if self._next is None:
+            self._next_key = variant.kernel_key if variant else None
+            self._next = self._pool.submit(self._start, variant, True)
+
+    def take(self, variant: Variant | None = None) -> WarmKernel:
+        """A kernel for a configuration of ``variant``: the warmed one if it is of that variant's
+        interpreter and environment, else a new one started now, in the foreground."""
+        key = variant.kernel_key if variant else None
         if self._next is None:  # not warmed ahead (prestart off): start one now, in the foreground
-            return WarmKernel(env=self.env, preload=self.preload)
+            return self._start(variant)
         future, self._next = self._next, None
         kernel = future.result()
-        if not kernel.foreground():  # never measure in a kernel stuck at idle priority
+        if self._next_key != key or not kernel.foreground():  # never measure at idle priority
             kernel.shutdown()
-            kernel = WarmKernel(env=self.env, preload=self.preload)
+            kernel = self._start(variant)
         return kernel
 
     def close(self) -> None:
@@ -315,14 +338,16 @@ def run_configs(
         stop = threading.Event()
         slots = [_Slot(env["PERFKIT_SLOT"], env, preload) for env in envs[:max(1, min(len(envs), len(todo)))]]
         if prestart:
-            for slot in slots:
-                slot.warm()
+            for slot, c in zip(slots, todo):
+                slot.warm(c.variant)
 
-        def take_kernel(slot: _Slot) -> WarmKernel:
-            kernel = slot.take()
+        def take_kernel(slot: _Slot, c: Config) -> WarmKernel:
+            kernel = slot.take(c.variant)
             slot.current = kernel
-            if prestart and not pending.empty():
-                slot.warm()  # the next kernel starts (at idle priority) while this configuration runs
+            if prestart:
+                upcoming = _peek(pending)
+                if upcoming is not None:  # the next kernel starts (at idle priority) while this one runs
+                    slot.warm(upcoming.variant)
             return kernel
 
         def work(slot: _Slot) -> None:
@@ -334,7 +359,7 @@ def run_configs(
                 attempt = attempts.get(c.config_id, 0) + 1
                 try:
                     outcome = run_one(c, out_dir, attempt=attempt, slot=slot.name, ledger=ledger, edges=edges,
-                                      take_kernel=lambda: take_kernel(slot), interrupted=stop.is_set)
+                                      take_kernel=lambda c: take_kernel(slot, c), interrupted=stop.is_set)
                 except Exception as exc:  # noqa: BLE001 - the engine's own error: this config fails, the slot goes on
                     try:
                         outcome = _engine_failure(c, out_dir, attempt, slot.name, ledger, exc)
@@ -385,6 +410,12 @@ def run_configs(
                 slot.close()
         result.wall_time_s = time.monotonic() - t0
         return result
+
+
+def _peek(pending: queue.Queue) -> Config | None:
+    """The configuration a slot will most likely take next (another slot may take it first)."""
+    with pending.mutex:
+        return pending.queue[0] if pending.queue else None
 
 
 def raise_on_sigterm():

@@ -62,6 +62,10 @@ class LedgerEntry:
     pid: int | None = None
     slot: str | None = None
     """The device slot it ran on (CUDA_VISIBLE_DEVICES or the CPU thread share)."""
+    variant: str | None = None
+    """The A/B variant it ran under (None outside A/B sweeps)."""
+    round: int | None = None
+    """The interleaved round of an A/B sweep (or of a sweep with ``rounds``)."""
     written_at: float | None = None
     """Unix time the event was appended (set by :meth:`Ledger.append`); orders writers' files."""
 

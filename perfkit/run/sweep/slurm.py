@@ -248,10 +248,11 @@ def _settle(c: Config, rec: dict, slurm_state: str, out_dir: Path, ledger: Ledge
         entry = LedgerEntry(config_id=c.config_id, status=status, attempt=attempt, notebook=str(c.notebook),
                             params=c.params, start=None, end=now, duration_s=0.0, error_name=error_name,
                             message=message, output_notebook=str(nb), results_path=str(results_path),
-                            slot=f"slurm:{job_id}")
+                            slot=f"slurm:{job_id}", variant=c.variant.name if c.variant else None, round=c.round)
     if not has_status_row(results_path, status, c.config_id):
         record([{}], status=status, reason=f"{error_name}: {message}",
-               context=RunContext(results_path=results_path, config_id=c.config_id, params=c.params,
+               context=RunContext(results_path=results_path, config_id=c.config_id,
+                                  params={**c.params, **c.row_columns}, param_names=tuple(c.params),
                                   notebook=c.notebook.name))
     ledger.append(entry)
     return entry

@@ -16,7 +16,8 @@ YAML (safe loader only) or the same as Python::
     oom_axis: batch_size                   # after an oom, larger values of this are skipped
 
 A spec may also hold several such parts under ``parts:`` (one list entry per notebook), sharing
-the top-level ``timeout_s``/``devices_per_config`` defaults. Everything is checked before any
+the top-level ``timeout_s``/``devices_per_config`` defaults. Top-level ``variants:`` and
+``rounds:`` make it an interleaved A/B sweep (:mod:`perfkit.run.sweep.variants`). Everything is checked before any
 configuration runs: names against the notebook's parameters cell, values against the types of
 its defaults, and no empty grids or duplicate configurations.
 """
@@ -30,12 +31,13 @@ from pathlib import Path
 
 from ...core.errors import BadInputError, ParameterTypeError, UnknownParameterError
 from ..notebooks import NotebookSpec, check_params, config_id, read_notebook
+from .variants import Variant, check_interpreter, interleaved, parse_rounds, parse_variants
 
-__all__ = ["SweepPart", "SweepSpec", "Config", "load_spec", "expand"]
+__all__ = ["SweepPart", "SweepSpec", "Config", "Variant", "load_spec", "expand"]
 
 _PART_KEYS = {"notebook", "parameters", "grid", "configs", "exclude", "timeout_s", "devices_per_config",
               "oom_axis", "name"}
-_TOP_KEYS = _PART_KEYS | {"parts", "slurm"}
+_TOP_KEYS = _PART_KEYS | {"parts", "slurm", "variants", "rounds"}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -82,6 +84,15 @@ class SweepSpec:
     """The YAML file it came from, if any."""
     slurm: Mapping[str, object] = field(default_factory=dict)
     """Settings for ``--executor slurm`` (partition, time limit, ...)."""
+    variants: tuple[Variant, ...] = ()
+    """The sides of an A/B sweep; every configuration runs under each (none: a plain sweep)."""
+    rounds: int = 1
+    """How many times each configuration runs under each variant, interleaved."""
+
+    def __post_init__(self):
+        if self.variants and len(self.variants) < 2:
+            raise BadInputError("an A/B sweep needs at least two variants")
+        object.__setattr__(self, "rounds", parse_rounds(self.rounds))
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -95,6 +106,12 @@ class Config:
     devices: int
     oom_axis: str | None
     part: int
+    variant: Variant | None = None
+    """The A/B side it runs under (its interpreter, environment and parameter overrides)."""
+    round: int = 1
+    row_columns: Mapping[str, object] = field(default_factory=dict)
+    """What its rows carry besides the parameters: an A/B sweep's ``variant``, ``round`` and
+    ``variant_params`` (the names the variant sets); empty in a plain sweep."""
 
 
 def _load_yaml(path: Path) -> dict:
@@ -159,7 +176,8 @@ def load_spec(path: str | Path) -> SweepSpec:
     slurm = data.get("slurm") or {}
     if not isinstance(slurm, Mapping):
         raise BadInputError(f"{path}: 'slurm' must be a mapping of Slurm settings")
-    return SweepSpec(parts=parts, source=path, slurm=dict(slurm))
+    return SweepSpec(parts=parts, source=path, slurm=dict(slurm), variants=parse_variants(data.get("variants"), base),
+                     rounds=parse_rounds(data.get("rounds")))
 
 
 def _matches(params: Mapping, rule: Mapping) -> bool:
@@ -178,8 +196,40 @@ def _check(nb: NotebookSpec, params: Mapping, where: str) -> dict:
         raise BadInputError(f"{where}: {exc.reason}{hint}") from None
 
 
-def expand(spec: SweepSpec) -> list[Config]:
-    """Every configuration of the spec, validated, in a stable order (grid order, then extras)."""
+def expand(spec: SweepSpec, *, check_interpreters: bool = True) -> list[Config]:
+    """Every configuration of the spec, validated, in a stable order (grid order, then extras);
+    in an A/B sweep every point under every variant and round, interleaved. Each variant's
+    interpreter is run once to check it (``check_interpreters``)."""
+    points = _points(spec)
+    for variant in spec.variants:
+        for part_index in sorted({c.part for c in points}):
+            nb = read_notebook(spec.parts[part_index].notebook)
+            _check(nb, variant.parameters, f"parameters of variant {variant.name!r}")
+        if check_interpreters:
+            check_interpreter(variant)
+    if not spec.variants and spec.rounds == 1:
+        return points
+    configs: list[Config] = []
+    notebooks: dict[int, NotebookSpec] = {}
+    seen: dict[str, Config] = {}
+    for point, variant, round_ in interleaved(points, spec.variants, spec.rounds):
+        nb = notebooks.get(point.part) or notebooks.setdefault(point.part, read_notebook(point.notebook))
+        params = {**point.params, **_check(nb, variant.parameters, "variant")} if variant else point.params
+        base = config_id(nb, params)
+        cid = f"{base}-{variant.name}-r{round_}" if variant else f"{base}-r{round_}"
+        if cid in seen:
+            raise BadInputError(f"variant {variant.name!r} makes {params} a duplicate configuration: its "
+                                f"parameters override what the grid sweeps")
+        seen[cid] = point
+        tags = {"variant": variant.name if variant else None, "round": round_,
+                "variant_params": sorted(variant.parameters) if variant else []}
+        configs.append(Config(**{**point.__dict__, "config_id": cid, "params": params, "variant": variant,
+                                 "round": round_, "row_columns": tags}))
+    return configs
+
+
+def _points(spec: SweepSpec) -> list[Config]:
+    """The configurations of the spec's parts (one per grid point and extra), before variants."""
     configs: list[Config] = []
     seen: dict[str, str] = {}
     for index, part in enumerate(spec.parts):
