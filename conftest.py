@@ -1,4 +1,5 @@
-"""nbval runs notebooks/ with their default parameters; this gives notebooks/report.ipynb real rows.
+"""nbval runs notebooks/ with their default parameters; this gives notebooks/report.ipynb and
+notebooks/compare.ipynb real rows.
 
 (At the repo root, not in notebooks/: pytest imports every conftest.py as the module
 ``conftest``, and tests/ imports names from its own; the conftest loaded last wins, and
@@ -9,6 +10,11 @@ parameters, so its ``results_dir = ""`` default reads ``$PERFKIT_REPORT_DIR``. B
 notebook's kernel starts, that variable is pointed at a temporary results folder holding one
 tiny real GEMM configuration (measured here, recorded through ``perfkit.record``), unless the
 caller already set it.
+
+compare.ipynb likewise reads ``$PERFKIT_COMPARE_DIR`` for its ``base_dir = ""``: a tiny real A/B
+folder, GEMM rows measured here under two thread counts (``torch.set_num_threads`` 1 and 2, the
+in-process stand-in for ``OMP_NUM_THREADS``), interleaved over rounds as a sweep would, each
+recorded with the ``variant``/``round`` tags and ``param_names`` a sweep's rows carry.
 """
 
 from __future__ import annotations
@@ -39,16 +45,47 @@ def _prepare_report_dir() -> str:
     return folder
 
 
+def _prepare_compare_dir() -> str:
+    import torch
+
+    from perfkit.measuring.gemm import measure_gemm
+    from perfkit.view.report import COMPARE_DIR_ENV
+    from perfkit.core.results import RunContext, record
+
+    folder = tempfile.mkdtemp(prefix="perfkit-compare-nbval-")
+    _prepared.append(folder)
+    params = {"sizes": [64, 192], "dtypes": ["fp32"], "min_run_time_s": 0.03}
+    threads = {"t1": 1, "t2": 2}
+    before = torch.get_num_threads()
+    try:
+        for round_ in (1, 2, 3):
+            # Interleaved like a sweep's rounds (t1, t2, then t2, t1, ...): drift hits both sides.
+            for variant in (list(threads) if round_ % 2 else list(threads)[::-1]):
+                torch.set_num_threads(threads[variant])
+                cid = f"gemm-nbval-{variant}-r{round_}"
+                ctx = RunContext(results_path=Path(folder) / "results" / f"{cid}.parquet", config_id=cid,
+                                 params={**params, "variant": variant, "round": round_, "variant_params": []},
+                                 param_names=tuple(params), notebook="gemm.ipynb")
+                record(measure_gemm(params["sizes"], params["dtypes"], device="cpu",
+                                    min_run_time_s=params["min_run_time_s"]), context=ctx)
+    finally:
+        torch.set_num_threads(before)
+    os.environ[COMPARE_DIR_ENV] = folder
+    return folder
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     # tryfirst: before nbval's setup of the notebook starts its kernel, which inherits os.environ.
     path = Path(str(item.fspath))
-    if path.name != "report.ipynb" or path.parent.name != "notebooks":
+    if path.parent.name != "notebooks" or path.name not in ("report.ipynb", "compare.ipynb"):
         return
-    from perfkit.view.report import REPORT_DIR_ENV
+    from perfkit.view.report import COMPARE_DIR_ENV, REPORT_DIR_ENV
 
-    if not os.environ.get(REPORT_DIR_ENV):
+    if path.name == "report.ipynb" and not os.environ.get(REPORT_DIR_ENV):
         _prepare_report_dir()
+    if path.name == "compare.ipynb" and not os.environ.get(COMPARE_DIR_ENV):
+        _prepare_compare_dir()
 
 
 def pytest_unconfigure(config):

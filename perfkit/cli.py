@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .run.sweep.cli import add_sweep_commands
 
     add_sweep_commands(sub)
+    from .view.compare import add_compare_command
+
+    add_compare_command(sub)
     return parser
 
 

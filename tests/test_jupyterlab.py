@@ -90,6 +90,25 @@ def gemm_sweep(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def ab_sweep(tmp_path_factory) -> Path:
+    """A real interleaved A/B sweep of the GEMM notebook (1 vs 2 threads, 2 rounds) for compare.ipynb."""
+    out = tmp_path_factory.mktemp("ab-sweep")
+    spec = out / "ab.yaml"
+    spec.write_text(json.dumps({
+        "notebook": str(REPO / "notebooks" / "gemm.ipynb"),
+        "parameters": {"sizes": [64, 128], "dtypes": ["fp32"], "min_run_time_s": 0.05}, "grid": {},
+        "configs": [{}], "rounds": 2,
+        "variants": [{"name": "one", "env": {"OMP_NUM_THREADS": "1"}}, {"name": "two", "env": {"OMP_NUM_THREADS": "2"}}],
+    }))  # JSON is YAML
+    perfkit = Path(sys.executable).with_name("perfkit")
+    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_STATIC", "PERFKIT_CONTEXT")}
+    cp = subprocess.run([str(perfkit), "sweep", str(spec), "--out", str(out / "runs"), "--quiet"],
+                        env=env, capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    return out / "runs"
+
+
 def _copy_notebook(src: Path, root: Path, name: str | None = None, **params) -> str:
     """Copy a notebook into the lab's root, setting parameters in its parameters cell as a
     person would edit them."""
@@ -118,13 +137,17 @@ def _assert_renders(page: NotebookPage, outputs: list[dict], what: str) -> None:
     assert not page.page_errors, f"{what}: page errors {page.page_errors}"
 
 
-def _notebook_params(path: Path, gemm_sweep: Path) -> dict:
-    return {"results_dir": str(gemm_sweep)} if path.name == "report.ipynb" else {}
+def _notebook_params(path: Path, request) -> dict:
+    if path.name == "report.ipynb":
+        return {"results_dir": str(request.getfixturevalue("gemm_sweep"))}
+    if path.name == "compare.ipynb":
+        return {"base_dir": str(request.getfixturevalue("ab_sweep")), "base": "one"}
+    return {}
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_and_renders_offline(source, lab, lab_root, browser, shots, gemm_sweep):
-    name = _copy_notebook(source, lab_root, **_notebook_params(source, gemm_sweep))
+def test_notebook_runs_and_renders_offline(source, lab, lab_root, browser, shots, request):
+    name = _copy_notebook(source, lab_root, **_notebook_params(source, request))
     page = NotebookPage(browser, lab, name)
     try:
         kernel = page.kernel()

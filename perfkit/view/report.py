@@ -1,4 +1,5 @@
-"""The standalone HTML report: every plot whose rows are present, the failures, the environment.
+"""The standalone HTML report: an A/B sweep's comparison, every plot whose rows are present, the
+failures, the environment.
 
 One page, bokeh resources inlined (it opens offline, e.g. copied off a cluster node). Text taken
 from data — labels, reasons, hostnames — is HTML-escaped before it reaches the page.
@@ -20,7 +21,8 @@ from . import plots
 from ..core.results import load
 
 __all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report",
-           "REPORT_DIR_ENV", "notebook_results_dir"]
+           "REPORT_DIR_ENV", "notebook_results_dir", "comparison_base", "COMPARE_DIR_ENV",
+           "notebook_compare_dir", "Parts", "comparison_section"]
 
 #: Fingerprint facts whose mix within one plot makes comparisons suspect.
 _COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip")
@@ -34,7 +36,7 @@ class Section:
     select: Callable[[pd.DataFrame], pd.DataFrame]
     """Rows this section draws (an empty frame hides the section)."""
     build: Callable[[pd.DataFrame, pd.DataFrame], object]
-    """(its rows, all rows) → a holoviews object."""
+    """(its rows, all rows) → a holoviews object, or :class:`Parts` (HTML text and plots)."""
 
 
 def _workload(name: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
@@ -123,7 +125,103 @@ def _scaling(rows: pd.DataFrame, all_rows: pd.DataFrame):
     return scaling_section(rows, all_rows)
 
 
+def _variant_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Every row of an A/B sweep (a ``variant`` column with ≥ 2 values), whatever its status: a
+    point that is not ok on one side is listed by the comparison, not dropped."""
+    if "variant" not in df or df["variant"].dropna().nunique() < 2:
+        return df.iloc[0:0]
+    return df[df["variant"].notna()]
+
+
+def comparison_base(df: pd.DataFrame, by: str = "variant") -> str:
+    """The base side of an A/B sweep: the ``by`` value of the earliest-recorded row of round 1.
+
+    A sweep runs round 1 in the order its spec lists the variants (round 2 reversed, ...), so
+    this is the variant the spec lists first: list the base first. Rows without ``round`` or
+    ``recorded_at`` fall back to the earliest row of any round, or the first row."""
+    rows = df[df[by].notna()] if by in df else df.iloc[0:0]
+    if rows.empty:
+        from ..core.errors import BadInputError
+
+        raise BadInputError(f"no rows with a {by!r} value: is this an A/B sweep (a spec with variants:)?")
+    if "round" in rows and (rows["round"] == 1).any():
+        rows = rows[rows["round"] == 1]
+    if "recorded_at" in rows:
+        rows = rows.sort_values("recorded_at", kind="stable")
+    return str(rows[by].iloc[0])
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A section made of HTML text (``str``, data already escaped) and holoviews objects, in
+    order. The report renders text as bokeh Divs (``hv.Div`` needs panel's JavaScript, which a
+    standalone page does not carry); a notebook displays each part."""
+
+    items: tuple
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+
+        for item in self.items:
+            display(HTML(item) if isinstance(item, str) else item)
+
+
+def _comparison(rows: pd.DataFrame, all_rows: pd.DataFrame) -> Parts:
+    """Every other variant against the base (:func:`comparison_base`): summary, plot, details."""
+    from ..analyse.compare import compare_by
+    from ..core.errors import BadInputError
+
+    base = comparison_base(rows)
+    try:
+        comparison = compare_by(rows, by="variant", base=base)
+    except BadInputError as exc:  # the rest of the report still stands
+        return Parts((f"<p>No comparison of the variants against {html.escape(base)}: "
+                      f"{html.escape(str(exc))}</p>",))
+    return comparison_section(comparison, base_rule=True)
+
+
+def comparison_section(comparison, *, base_rule: bool = False) -> Parts:
+    """A :class:`perfkit.analyse.compare.Comparison` as the report shows it: what was compared and
+    the verdict counts, environment changes and notes, the plot, then every point in words and
+    the points on one side only or not ok. ``base_rule``: say how the base was chosen."""
+    from .plots.compare import comparison_plot, comparison_table
+
+    table = comparison_table(comparison.points)
+    details = f"<h3>Per point</h3>{_table_html(table)}" if not table.empty else ""
+    return Parts((_comparison_summary(comparison, base_rule),
+                  comparison_plot(comparison.points, threshold=comparison.threshold),
+                  details + _one_side_and_not_ok(comparison)))
+
+
+def _comparison_summary(comparison, base_rule: bool) -> str:
+    rule = " (the variant of the earliest-recorded row of round 1)" if base_rule else ""
+    metrics = ", ".join(sorted(map(str, comparison.points["metric"].dropna().unique()))) or "none"
+    metric = comparison.metric or f"{metrics} (each notebook's time column)"
+    against = ", ".join(comparison.new_labels)
+    parts = [f"{_CSS}<p>Base <b>{html.escape(comparison.base_label)}</b>{rule} against "
+             f"{html.escape(against)}; metric {html.escape(metric)}; threshold ±{comparison.threshold * 100:g} %, "
+             f"significance {comparison.alpha:g} after {html.escape(comparison.correction.capitalize())} "
+             f"correction over {len(comparison.points)} points.</p>",
+             f"<p>Verdicts: {html.escape(comparison.summary)}.</p>"]
+    if not comparison.env_changes.empty:
+        parts.append('<p class="warn">⚠ The environment differs between the sides:</p>'
+                     + _table_html(comparison.env_changes))
+    if comparison.notes:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in comparison.notes) + "</ul>")
+    return "".join(parts)
+
+
+def _one_side_and_not_ok(comparison) -> str:
+    out = _CSS
+    if not comparison.one_side.empty:
+        out += f"<h3>Points on one side only</h3>{_table_html(comparison.one_side)}"
+    if not comparison.not_ok.empty:
+        out += f"<h3>Points not ok on a side (not compared)</h3>{_table_html(comparison.not_ok)}"
+    return out
+
+
 SECTIONS: list[Section] = [
+    Section(title="Comparison", select=_variant_rows, build=_comparison),
     Section(title="Roofline", select=_workload("roofline"), build=_roofline),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
     Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"), build=_training),
@@ -144,7 +242,8 @@ def _cell(value) -> str:
 
 
 def sections(df: pd.DataFrame) -> list[tuple[str, object]]:
-    """(title, holoviews object) for every section whose rows ``df`` holds, in report order.
+    """(title, holoviews object or :class:`Parts`) for every section whose rows ``df`` holds, in
+    report order.
 
     ``notebooks/report.ipynb`` displays these live; :func:`build_report` renders them to HTML."""
     out = []
@@ -227,7 +326,11 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
     for title, obj in sections(df):
         shown.append(title)
         parts.append(Div(text=f"<h2>{html.escape(title)}</h2>"))
-        parts.append(hv.render(obj, backend="bokeh"))
+        for item in obj.items if isinstance(obj, Parts) else (obj,):
+            if isinstance(item, hv.Div):  # a panel model: a standalone page lacks panel's JavaScript
+                item = item.data
+            parts.append(Div(text=item, sizing_mode="stretch_width") if isinstance(item, str)
+                         else hv.render(item, backend="bokeh"))
     parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
     parts.append(Div(text=_environment(df), sizing_mode="stretch_width"))
     layout = column(*parts)
@@ -268,16 +371,32 @@ def notebook_results_dir(results_dir: str | Path) -> Path:
     A folder that does not exist is an error, never replaced by other rows: a mistyped path must
     not show an ``ok`` run of something else.
     """
+    return _notebook_dir(results_dir, name="results_dir", env=REPORT_DIR_ENV,
+                         hint="set results_dir to a sweep's --out (make demo writes ../runs/quickstart)")
+
+
+#: The A/B sweep of the compare notebook when its ``base_dir`` parameter is "" (nbval, as above).
+COMPARE_DIR_ENV = "PERFKIT_COMPARE_DIR"
+
+
+def notebook_compare_dir(base_dir: str | Path) -> Path:
+    """The compare notebook's base folder: ``base_dir``, or ``$PERFKIT_COMPARE_DIR`` when it is "".
+
+    Missing, it says what to run: the compare notebook never shows made-up or other rows."""
+    return _notebook_dir(base_dir, name="base_dir", env=COMPARE_DIR_ENV,
+                         hint="run `perfkit sweep templates/ab_threads.yaml --out runs/ab` and set "
+                              "base_dir to its --out (../runs/ab from notebooks/)")
+
+
+def _notebook_dir(given: str | Path, *, name: str, env: str, hint: str) -> Path:
     import os
 
     from ..core.errors import BadInputError
 
-    given = str(results_dir) or os.environ.get(REPORT_DIR_ENV, "")
+    given = str(given) or os.environ.get(env, "")
     if not given:
-        raise BadInputError(f"results_dir is empty and ${REPORT_DIR_ENV} is not set: set results_dir to a "
-                            "sweep's --out (make demo writes ../runs/quickstart)")
+        raise BadInputError(f"{name} is empty and ${env} is not set: {hint}")
     path = Path(given)
     if not path.exists():
-        raise BadInputError(f"results directory {given!r} does not exist (looked in {path.resolve()}): "
-                            "set results_dir to a sweep's --out")
+        raise BadInputError(f"results directory {given!r} does not exist (looked in {path.resolve()}): {hint}")
     return path

@@ -8,7 +8,10 @@ Modules here may import ``perfkit.core``, ``perfkit.analyse`` and :mod:`perfkit.
 
 from ._common import ceiling_lines, display_scale, format_si, hv_bokeh, ok_rows
 from .collectives import busbw_vs_size, knob_comparison
+from .compare import comparison_plot, comparison_table
 from .gemm import gemm_throughput
 from .roofline import roofline, roofline_static
 
-__all__ = ["gemm_throughput", "busbw_vs_size", "knob_comparison", "roofline", "roofline_static", "ceiling_lines", "display_scale", "format_si", "hv_bokeh", "ok_rows"]
+__all__ = ["gemm_throughput", "busbw_vs_size", "knob_comparison", "roofline", "roofline_static",
+           "comparison_plot", "comparison_table", "ceiling_lines", "display_scale", "format_si", "hv_bokeh",
+           "ok_rows"]

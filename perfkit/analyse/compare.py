@@ -1,0 +1,212 @@
+"""Did a change make it faster? Rows of two sides matched point by point, each point judged.
+
+**Matching.** Points are matched within a notebook. A row's key is
+
+1. its configuration's parameters (the columns named in ``param_names``), less the names an A/B
+   variant overrides (``variant_params``, on either side), less ``by``, ``variant`` and ``round``;
+2. the :data:`DESCRIPTORS` it has (the row-identity columns perfkit's notebooks write: ``op``,
+   ``dtype``, ``size``, ...) and the caller's ``key`` columns;
+3. its order among the rows of its configuration equal in all of the above, so a user's
+   notebook without descriptors still matches row by row.
+
+A point gathers, per side, one group of raw samples per configuration holding its key: one per
+round of an A/B sweep (each round is a configuration of its own). A configuration that ended
+not ``ok`` leaves a status row without descriptors: it is matched on the parameters alone,
+covers the other side's points of those parameters, and is listed in ``not_ok`` (never
+dropped); keys found on one side only are listed in ``one_side``.
+
+**Metric.** By default, per notebook, its time column: ``time_s`` when ``time_samples_s`` exists,
+else the first ``X_s`` with ``X_samples_s`` (``step_time_s``). Any ``*_s`` (lower is better) or
+``*_per_s`` (higher is better) column may be named instead. Samples come from
+``<stem>_samples_s``; a ``*_per_s`` metric without samples of its own gets them from the row's
+time samples as metric × time_s / sample (the rate of the timed work, per sample); a row
+without samples contributes its single value.
+
+**Verdicts** come from :mod:`perfkit.analyse.ab_stats` (bootstrap CI over rounds, Mann–Whitney U,
+threshold AND significance), the p-values Holm-corrected over every point compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import BadInputError
+from . import ab_stats
+from .compare_match import DESCRIPTORS, canon, lower_is_better, match_pair
+
+__all__ = ["DESCRIPTORS", "Comparison", "compare_frames", "compare_by"]
+
+_POINT_COLUMNS = ("point", "notebook", "base", "new", "metric", "lower_is_better", "n_base", "n_new",
+                  "rounds_base", "rounds_new", "median_base", "median_new", "ratio", "ci_low",
+                  "ci_high", "p_value", "p_holm", "verdict", "why")
+_VERDICT_ORDER = {"slower": 0, "inconclusive": 1, "faster": 2, "same": 3}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """Every matched point judged, and what could not be: one side only, not ``ok``, env changes."""
+
+    points: pd.DataFrame
+    """One row per compared point (columns: ``_POINT_COLUMNS``), slower first."""
+    one_side: pd.DataFrame
+    """Points found on one side only: side, point, notebook."""
+    not_ok: pd.DataFrame
+    """Points not ``ok`` on a side: side, point, status, reason, configs (how many)."""
+    env_changes: pd.DataFrame
+    """Fingerprint fields whose values differ: side (the new label), field, base, new."""
+    base_label: str
+    new_labels: tuple[str, ...]
+    metric: str | None
+    """The metric asked for; None: each notebook's time column."""
+    threshold: float
+    alpha: float
+    correction: str = "holm"
+    notes: tuple[str, ...] = ()
+    uncompared: int = 0
+    """Points matched on both sides but not compared because a side is not ``ok`` (a point
+    ``skipped`` on both sides excepted: nothing was lost)."""
+
+    @property
+    def exit_code(self) -> int:
+        """1 if any point is slower; else 3 if any is inconclusive or could not be compared; else 0."""
+        verdicts = set(self.points["verdict"]) if len(self.points) else set()
+        if "slower" in verdicts:
+            return 1
+        return 3 if "inconclusive" in verdicts or self.uncompared else 0
+
+    @property
+    def summary(self) -> str:
+        """One line: "2 slower, 5 same, 1 inconclusive (Holm over 8 points) → exit 1"."""
+        counts = self.points["verdict"].value_counts() if len(self.points) else {}
+        parts = [f"{counts[v]} {v}" for v in ("slower", "faster", "same", "inconclusive") if v in counts]
+        if self.uncompared:
+            parts.append(f"{self.uncompared} not compared (a side not ok)")
+        words = ", ".join(parts) or "no point compared"
+        return f"{words} (Holm over {len(self.points)} points) → exit {self.exit_code}"
+
+
+def _check(threshold, alpha, metric, frames, key) -> None:
+    if not 0 <= threshold < 1:
+        raise BadInputError(f"threshold is a fraction (0.05 = 5 %), got {threshold}")
+    if not 0 < alpha < 1:
+        raise BadInputError(f"alpha must lie strictly between 0 and 1, got {alpha}")
+    columns = set().union(*(f.columns for f in frames))
+    for k in key:
+        if k not in columns:
+            raise BadInputError(f"--key {k!r}: no such column in the rows")
+    if metric is not None:
+        if metric.endswith("_samples_s"):
+            raise BadInputError(f"{metric} holds raw samples; name its metric instead: {metric[:-10]}_s")
+        lower_is_better(metric)
+        if metric not in columns:
+            known = sorted(c for c in columns if c.endswith("_s") and not c.endswith("_samples_s")
+                           and not c.startswith("env_"))
+            raise BadInputError(f"unknown metric {metric!r}; columns that can be compared: {', '.join(known[:12])}")
+
+
+#: Rounds per side below which the CI's view of run-to-run variation is rough (see _finish).
+FEW_ROUNDS = 5
+
+
+def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, seed) -> Comparison:
+    stats = [(ab_stats.compare_samples(b, n, seed=seed), info) for b, n, info in acc["points"]]
+    p_holm = ab_stats.holm([c.p_value for c, _ in stats]) if stats else []
+    judged, single, few = [], 0, 0
+    for (c, info), p in zip(stats, p_holm):
+        v, why = ab_stats.verdict(c, p_adjusted=p, lower_is_better=info["lower_is_better"],
+                                  threshold=threshold, alpha=alpha)
+        single += min(c.groups_base, c.groups_new) == 1
+        few += 1 < min(c.groups_base, c.groups_new) < FEW_ROUNDS
+        judged.append({**info, "n_base": c.n_base, "n_new": c.n_new, "rounds_base": c.groups_base,
+                       "rounds_new": c.groups_new, "median_base": c.median_base, "median_new": c.median_new,
+                       "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "p_value": c.p_value,
+                       "p_holm": p, "verdict": v, "why": why})
+    if single:
+        notes.append(f"{single} of {len(judged)} points have 1 round per side: run-to-run variation is "
+                     f"not measured; use rounds ≥ {FEW_ROUNDS} (an A/B sweep's `rounds:`)")
+    if few:
+        # Resampling k rounds sees about (k-1)/k of their spread. Simulated A/A pairs with a 10 %
+        # run-to-run spread (over the 5 % threshold) were called changed 12.5 % of the time with
+        # 3 rounds a side, 4.5 % with 5, 2.5 % with 8 (200 pairs each, ab_stats' verdict).
+        notes.append(f"{few} of {len(judged)} points have fewer than {FEW_ROUNDS} rounds a side: the CI sees "
+                     f"run-to-run variation only roughly; use rounds ≥ {FEW_ROUNDS} to gate on it")
+    points = pd.DataFrame(judged, columns=list(_POINT_COLUMNS))
+    if len(points):
+        worse = np.where(points["lower_is_better"], points["ratio"], 1 / points["ratio"])
+        points = points.assign(_o=points["verdict"].map(_VERDICT_ORDER), _w=-worse)
+        points = points.sort_values(["_o", "_w"], kind="stable").drop(columns=["_o", "_w"]).reset_index(drop=True)
+    not_ok = pd.DataFrame(acc["not_ok"], columns=["side", "point", "status", "reason"])
+    not_ok = (not_ok.fillna({"reason": ""}).groupby(["side", "point", "status", "reason"], sort=False)
+              .size().rename("configs").reset_index())
+    return Comparison(
+        points=points, one_side=pd.DataFrame(acc["one_side"], columns=["side", "point", "notebook"]),
+        not_ok=not_ok, env_changes=pd.DataFrame(acc["env"], columns=["side", "field", "base", "new"]),
+        base_label=base_label, new_labels=tuple(new_labels), metric=metric, threshold=threshold,
+        alpha=alpha, notes=tuple(dict.fromkeys(notes)), uncompared=acc["uncompared"])
+
+
+def _prepared(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows with a notebook name (rows recorded by hand have none) and a status."""
+    if "status" not in frame:
+        raise BadInputError("these rows have no status column: are they perfkit results (perfkit.load)?")
+    notebook = frame["notebook"] if "notebook" in frame else pd.Series(None, index=frame.index, dtype=object)
+    return frame.assign(notebook=notebook.fillna("(no notebook)").astype(str))
+
+
+def _acc() -> dict:
+    return {"points": [], "one_side": [], "not_ok": [], "env": [], "uncompared": 0}
+
+
+def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None = None,
+                   threshold: float = 0.05, alpha: float = 0.05, base_label: str = "base",
+                   new_label: str = "new", key: Sequence[str] = (), seed: int = 0) -> Comparison:
+    """Two sets of rows (two sweeps, before and after) matched point by point and judged."""
+    _check(threshold, alpha, metric, (base, new), key)
+    base, new = _prepared(base), _prepared(new)
+    notes = [f"{base_label} and {new_label} were measured at different times: drift between the runs "
+             f"counts as a change (an A/B sweep interleaves the sides: compare DIR --by variant)"]
+    for label, frame in ((base_label, base), (new_label, new)):
+        if "variant" in frame and frame["variant"].nunique() > 1:
+            notes.append(f"{label} holds variants {', '.join(map(str, frame['variant'].dropna().unique()))}, "
+                         f"pooled here; compare them with --by variant")
+    acc = _acc()
+    shared = match_pair(base, new, base_label=base_label, new_label=new_label, metric=metric, by=None,
+                         key=tuple(key), notes=notes, acc=acc)
+    if not shared:
+        raise BadInputError(f"{base_label} and {new_label} have no configuration in common "
+                            f"(notebooks: {', '.join(map(str, base['notebook'].dropna().unique())) or 'none'} "
+                            f"vs {', '.join(map(str, new['notebook'].dropna().unique())) or 'none'})")
+    return _finish(acc, base_label=base_label, new_labels=(new_label,), metric=metric,
+                   threshold=threshold, alpha=alpha, notes=notes, seed=seed)
+
+
+def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = None,
+               threshold: float = 0.05, alpha: float = 0.05, key: Sequence[str] = (),
+               seed: int = 0) -> Comparison:
+    """Every other value of column ``by`` (an A/B sweep's ``variant``) against ``base``."""
+    if by not in frame:
+        splits = [c for c in frame.columns if not c.startswith("env_") and frame[c].map(canon).nunique() in range(2, 21)
+                  and not str(c).endswith(("_s", "_bytes", "_flop"))]
+        raise BadInputError(f"no column {by!r} in the rows; columns that split them: {', '.join(splits[:10]) or 'none'}")
+    values = frame[by].map(canon)
+    labels = [str(v) for v in dict.fromkeys(values.dropna())]
+    if str(base) not in labels:
+        raise BadInputError(f"--base {base!r} is not a value of {by!r}; its values: {', '.join(labels)}")
+    if len(labels) < 2:
+        raise BadInputError(f"{by!r} has only the value {labels[0] if labels else 'none'}: nothing to compare against")
+    _check(threshold, alpha, metric, (frame,), key)
+    frame, notes, acc = _prepared(frame), [], _acc()
+    text = values.map(lambda v: None if v is None else str(v))
+    base_rows = frame[text == str(base)]
+    new_labels = [v for v in labels if v != str(base)]
+    for label in new_labels:
+        match_pair(base_rows, frame[text == label], base_label=str(base), new_label=label, metric=metric,
+                    by=by, key=tuple(key), notes=notes, acc=acc)
+    if values.isna().any():
+        notes.append(f"{int(values.isna().sum())} rows without a value of {by!r} were left out")
+    return _finish(acc, base_label=str(base), new_labels=new_labels, metric=metric,
+                   threshold=threshold, alpha=alpha, notes=notes, seed=seed)

@@ -1,0 +1,262 @@
+"""Rows of two sides matched into points, for :mod:`perfkit.analyse.compare` (the rules are
+written there): each row's key, the metric and its raw samples, one side's and both sides' lists.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import BadInputError
+
+__all__ = ["DESCRIPTORS", "canon", "lower_is_better", "match_pair", "env_changes"]
+
+DESCRIPTORS = (
+    "op", "inplace", "dtype", "size", "m", "n", "k", "size_bytes", "world_size", "model",
+    "batch_size", "precision", "parallelism", "seq_len", "mode", "kind", "level", "origin",
+    "working_set_bytes", "family", "input_shapes",
+)
+"""Columns that say which point a row is, as perfkit's notebooks write them (gemm, roofline,
+collectives, train_step, scaling, peaks)."""
+_SIDE_TAGS = ("variant", "round", "variant_params")
+_ENV_SKIP = ("env_json", "env_fingerprint_id")  # derived from the other env_* columns
+
+
+def _plain(value):
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def canon(value):
+    """A hashable, printable key value: lists as JSON, 8.0 as 8, missing as None."""
+    value = _plain(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _names(text) -> tuple[str, ...] | None:
+    """A JSON list of names (``param_names``, ``variant_params``); None when not recorded."""
+    text = _plain(text)
+    if isinstance(text, list):
+        return tuple(text)
+    if text is None or (not isinstance(text, str) and pd.isna(text)):
+        return None
+    return tuple(json.loads(text))
+
+
+def _number(value) -> float | None:
+    value = _plain(value)
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _array(value) -> np.ndarray | None:
+    value = _plain(value)
+    return np.asarray(value, dtype=float) if isinstance(value, list) and value else None
+
+
+def _has(rows: pd.DataFrame, column: str) -> bool:
+    return column in rows and rows[column].notna().any()
+
+
+def _default_metric(rows: pd.DataFrame) -> str | None:
+    if _has(rows, "time_s") and _has(rows, "time_samples_s"):
+        return "time_s"
+    for col in rows.columns:
+        if (col.endswith("_s") and not col.endswith(("_samples_s", "_per_s")) and _has(rows, col)
+                and _has(rows, col[:-2] + "_samples_s")):
+            return col
+    return None
+
+
+def lower_is_better(metric: str) -> bool:
+    if metric.endswith("_per_s"):
+        return False
+    if metric.endswith("_s"):
+        return True
+    raise BadInputError(f"metric {metric!r} has no unit that says which way is better: name a column "
+                        f"ending in _s (a time: lower is better) or _per_s (a rate: higher is better)")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One row as a side of a point."""
+
+    key: tuple
+    pkey: tuple
+    status: str
+    reason: object
+    samples: np.ndarray | None
+
+
+class _Matcher:
+    """Matches one notebook's rows of a base and a new frame; gathers points and lists."""
+
+    def __init__(self, notebook, base: pd.DataFrame, new: pd.DataFrame, *, metric, by, key, notes):
+        self.notebook = notebook
+        both = pd.concat([base, new], ignore_index=True)
+        self.skip = {by, *_SIDE_TAGS} | {n for t in both.get("variant_params", pd.Series(dtype=object))
+                                         .map(canon).dropna().unique() for n in (_names(t) or ())}
+        self.dcols = [c for c in dict.fromkeys((*DESCRIPTORS, *key)) if c in both and c not in self.skip]
+        self.metric = metric or _default_metric(both)
+        self.time = _default_metric(both)
+        self.derived = self.no_samples = self.dropped = 0
+        if self.metric is None or not _has(both, self.metric):
+            what = f"no column {metric}" if metric else "no time column with raw samples (X_s with X_samples_s)"
+            if both["status"].eq("ok").any():
+                notes.append(f"{notebook}: {what}; its points are not compared (pass --metric)")
+            self.metric = None
+        if any(_names(t) is None for t in both.get("param_names", pd.Series([None])).unique()):
+            notes.append(f"{notebook}: rows without param_names (recorded before perfkit recorded "
+                         f"them): matched by descriptors and row order only")
+        self.base, self.new = self._entries(base), self._entries(new)
+
+    def _samples(self, row) -> np.ndarray | None:
+        m, value = self.metric, _number(row.get(self.metric))
+        own = _array(row.get(m[:-2] + "_samples_s"))
+        t = _array(row.get(self.time[:-2] + "_samples_s")) if self.time else None
+        if own is not None:
+            out = own
+        elif m.endswith("_per_s") and value is not None and t is not None and _number(row.get(self.time)):
+            # The same work each sample, timed: rate_i = rate × t_median / t_i.
+            out = value * _number(row.get(self.time)) / t
+            self.derived += 1
+        elif value is not None:
+            out = np.array([value])
+            self.no_samples += 1
+        else:
+            return None
+        good = np.isfinite(out) & (out > 0)
+        self.dropped += int((~good).sum())
+        return out[good] if good.any() else None
+
+    def _entries(self, frame: pd.DataFrame) -> list[_Entry]:
+        rows, out, seen = frame.to_dict("records"), [], defaultdict(int)
+        for row in rows:
+            params = _names(row.get("param_names")) or ()
+            pkey = tuple((p, canon(row.get(p))) for p in sorted(params) if p not in self.skip)
+            # A descriptor that is also a parameter (train_step's batch_size) is keyed as the
+            # parameter: a failed configuration's status row carries it too, and must stay
+            # descriptor-less to be matched on its parameters.
+            dkey = tuple((c, v) for c in self.dcols if c not in params and (v := canon(row.get(c))) is not None)
+            base_key = (pkey, dkey, row["config_id"])
+            order = seen[base_key]  # counted over every row, so a row missing the metric shifts nothing
+            seen[base_key] += 1
+            samples = None
+            if row["status"] == "ok":
+                samples = self._samples(row) if self.metric else None
+                if samples is None:
+                    continue  # an ok row without this metric measured something else
+            out.append(_Entry(key=(pkey, dkey, order), pkey=pkey, status=row["status"],
+                              reason=row.get("reason"), samples=samples))
+        return out
+
+    def labels(self) -> dict[tuple, str]:
+        """The shortest readable label per key: descriptors, parameters where they tell points apart."""
+        entries = self.base + self.new
+        values = defaultdict(set)
+        for e in entries:
+            for p, v in e.pkey:
+                values[p].add(json.dumps(v, default=str))
+        varying = {p for p, vs in values.items() if len(vs) > 1}
+        by_d = defaultdict(set)
+        for e in entries:
+            if e.key[1]:
+                by_d[(e.key[1], e.key[2])].add(e.pkey)
+        params_needed = any(len(s) > 1 for s in by_d.values())
+        repeated = {(e.key[0], e.key[1]) for e in entries if e.key[2] > 0}
+        out = {}
+        for e in entries:
+            pkey, dkey, order = e.key
+            d = dict(dkey)
+            if "size" in d and all(d.get(x) == d["size"] for x in ("m", "n", "k")):
+                d = {c: v for c, v in d.items() if c not in ("m", "n", "k")}  # a square GEMM: size says it
+            parts = [f"{c}={v}" for c, v in d.items()]
+            if params_needed or not dkey:
+                parts += [f"{p}={v}" for p, v in pkey if p in varying and p not in d]
+            if (pkey, dkey) in repeated:
+                parts.append(f"#{order + 1}")
+            out[e.key] = " ".join([str(self.notebook), *parts])
+        return out
+
+
+def env_changes(base: pd.DataFrame, new: pd.DataFrame, side: str) -> list[dict]:
+    out = []
+    for col in sorted({c for c in (*base.columns, *new.columns) if c.startswith("env_")} - set(_ENV_SKIP)):
+        b = {str(canon(v)) for v in base.get(col, pd.Series(dtype=object)).dropna()}
+        n = {str(canon(v)) for v in new.get(col, pd.Series(dtype=object)).dropna()}
+        if b != n:
+            out.append({"side": side, "field": col[4:], "base": ", ".join(sorted(b)) or "(not recorded)",
+                        "new": ", ".join(sorted(n)) or "(not recorded)"})
+    return out
+
+
+def match_pair(base, new, *, base_label, new_label, metric, by, key, notes, acc) -> int:
+    """Match one pair of frames into ``acc`` (points as (base groups, new groups, info), ``one_side``,
+    ``not_ok``, ``env``, ``uncompared``); returns how many points the two sides share."""
+    shared = 0
+    notebooks = sorted(set(base["notebook"]) | set(new["notebook"]))
+    for nb in notebooks:
+        m = _Matcher(nb, base[base["notebook"] == nb], new[new["notebook"] == nb],
+                     metric=metric, by=by, key=key, notes=notes)
+        labels = m.labels()
+        sides = {base_label: m.base, new_label: m.new}
+        by_key = {s: defaultdict(list) for s in sides}
+        failed_p = {s: {e.pkey for e in es if e.status != "ok" and not e.key[1]} for s, es in sides.items()}
+        all_p = {s: {e.pkey for e in es} for s, es in sides.items()}
+        for s, es in sides.items():
+            for e in es:
+                by_key[s][e.key].append(e)
+        for k in dict.fromkeys([*by_key[base_label], *by_key[new_label]]):
+            eb, en = by_key[base_label].get(k, []), by_key[new_label].get(k, [])
+            for s, es in ((base_label, eb), (new_label, en)):
+                for e in es:
+                    if e.status != "ok":
+                        acc["not_ok"].append({"side": s, "point": labels[k], "status": e.status,
+                                              "reason": None if canon(e.reason) is None else str(e.reason)})
+            if not (eb and en):
+                mine, other = (base_label, new_label) if eb else (new_label, base_label)
+                failure_row = not k[1] and all(e.status != "ok" for e in eb + en)
+                if failure_row and k[0] in all_p[other]:
+                    continue  # a configuration that ended not ok, matched on its parameters: listed
+                if k[0] not in failed_p[other]:
+                    acc["one_side"].append({"side": mine, "point": labels[k], "notebook": nb})
+                    continue
+            shared += 1
+            ok_b = [e.samples for e in eb if e.status == "ok"]
+            ok_n = [e.samples for e in en if e.status == "ok"]
+            if not (ok_b and ok_n):
+                statuses = {e.status for e in eb + en}
+                acc["uncompared"] += 0 if statuses == {"skipped"} and eb and en else 1
+                continue
+            acc["points"].append((ok_b, ok_n, {"point": labels[k], "notebook": nb, "base": base_label,
+                                               "new": new_label, "metric": m.metric,
+                                               "lower_is_better": lower_is_better(m.metric)}))
+        if m.derived:
+            notes.append(f"{nb}: {m.metric} has no samples of its own; {m.derived} rows' samples derived "
+                         f"from {m.time[:-2]}_samples_s as {m.metric} × {m.time} / sample (a rate of the timed work)")
+        if m.no_samples:
+            notes.append(f"{nb}: {m.no_samples} rows have no raw samples of {m.metric}: their single value "
+                         f"counts as one sample")
+        if m.dropped:
+            notes.append(f"{nb}: {m.dropped} non-finite or non-positive samples dropped")
+    acc["env"] += env_changes(base, new, new_label)
+    return shared
+
+

@@ -1,0 +1,241 @@
+"""``perfkit compare``: two result folders, or one A/B sweep split by a column; judged point by point.
+
+Loads the rows (:func:`load_rows`), hands them to :mod:`perfkit.analyse.compare`, and shows the
+:class:`~perfkit.analyse.compare.Comparison` three ways: a terminal table, markdown that reads
+well as a CI comment, and JSON. The exit code is the comparison's (0, 1, 3), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..analyse.compare import Comparison, compare_by, compare_frames
+from ..core.errors import BadInputError
+
+__all__ = ["add_compare_command", "run_compare", "load_rows", "render_terminal", "render_markdown",
+           "to_json"]
+
+HELP = """\
+Did a change make it faster? Match the rows of BASE_DIR and NEW_DIR (two sweeps), or of one A/B
+sweep's variants (DIR --by variant --base NAME), point by point: by notebook, the configuration's
+parameters (less those a variant overrides), the row's descriptors (op, dtype, size, ...), any
+--key columns, and the row's order among equal rows. Each point compares the raw samples of its
+metric (default: each notebook's time column, time_s or step_time_s; any *_s or *_per_s column
+with --metric), one group per round.
+
+Verdict of a point: `slower` or `faster` when the change passes --threshold (default 5 %) AND is
+significant: the Mann-Whitney U p-value after Holm's correction over all points compared is
+below --alpha (0.05) and the 95 % bootstrap CI of the ratio (rounds resampled, then samples)
+excludes 1. `same` when the whole CI lies within the threshold. `inconclusive` otherwise: too
+few samples (fewer than 5 a side), or too noisy to tell the threshold apart.
+
+Points on one side only and points not ok on a side (failed, oom, skipped, ...) are listed, and
+environment fingerprint fields that changed (torch, driver, device) are shown at the top.
+
+Exit codes: 0 no regression shown; 1 at least one point slower; 2 bad input (nothing compared);
+3 no regression shown, but some point inconclusive or not compared (a side not ok).
+"""
+
+_MARK = {"slower": "🔴", "faster": "🟢", "same": "⚪", "inconclusive": "🟡"}
+
+
+def add_compare_command(sub) -> None:
+    """Register ``perfkit compare`` on the CLI's subparsers."""
+    p = sub.add_parser("compare", help="did a change make it faster? point-by-point verdicts, exit 1 on slower",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base_dir", metavar="BASE_DIR", help="results of the base (a sweep's --out), or the A/B sweep with --by")
+    p.add_argument("new_dir", metavar="NEW_DIR", nargs="?", help="results of the change (not with --by)")
+    p.add_argument("--by", help="compare the values of this column within BASE_DIR (an A/B sweep: variant)")
+    p.add_argument("--base", help="with --by: the value every other value is compared against")
+    p.add_argument("--metric", help="the column to compare (*_s: lower is better, *_per_s: higher is better); "
+                                    "default: each notebook's time column")
+    p.add_argument("--threshold", type=float, default=0.05, help="smallest change that counts, a fraction (default 0.05 = 5 %%)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
+    p.add_argument("--key", action="append", default=[], metavar="COL",
+                   help="another column that tells points apart (repeatable)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the comparison as markdown (a CI comment)")
+    p.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
+    p.set_defaults(func=run_compare)
+
+
+def load_rows(directory: str | Path) -> pd.DataFrame:
+    """Every row under ``directory``; rows recorded before ``param_names`` existed get it from the
+    sweep's ledger (its ``params`` of each configuration), so they still match by parameters."""
+    from ..core.results import load
+
+    frame = load(directory)
+    if frame.empty:
+        raise BadInputError(f"no results under {str(directory)!r}: is it a sweep's --out folder?")
+    if "param_names" not in frame:
+        frame["param_names"] = None
+    missing = frame["param_names"].isna()
+    if missing.any():
+        from ..run.sweep.ledger import Ledger
+
+        names = {cid: json.dumps(sorted(e.params)) for cid, e in Ledger(directory).state().items()}
+        frame.loc[missing, "param_names"] = frame.loc[missing, "config_id"].map(names)
+    return frame
+
+
+def _check_args(args) -> None:
+    """Bad input, found before anything is read: one line, exit 2."""
+    if args.by is not None:
+        if args.new_dir is not None:
+            raise BadInputError("give NEW_DIR or --by, not both: --by compares the values of a column within BASE_DIR")
+        if args.base is None:
+            raise BadInputError(f"--by {args.by} needs --base VALUE: the value the others are compared against")
+    else:
+        if args.new_dir is None:
+            raise BadInputError("give NEW_DIR, or --by COLUMN --base VALUE to compare the variants of one A/B sweep")
+        if args.base is not None:
+            raise BadInputError("--base needs --by COLUMN (with two folders, BASE_DIR is the base)")
+    for d in (args.base_dir, args.new_dir):
+        if d is not None and not Path(d).is_dir():
+            raise BadInputError(f"results directory {d!r} does not exist (or is not a folder)")
+    for flag, path in (("--markdown", args.markdown), ("--json", args.json)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise BadInputError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+
+
+def run_compare(args) -> int:
+    """``perfkit compare``: compare, print, write the files asked for; the comparison's exit code."""
+    _check_args(args)
+    options = dict(metric=args.metric, threshold=args.threshold, alpha=args.alpha, key=tuple(args.key))
+    if args.by is not None:
+        c = compare_by(load_rows(args.base_dir), by=args.by, base=args.base, **options)
+        title = f"{args.base_dir} by {args.by}"
+    else:
+        c = compare_frames(load_rows(args.base_dir), load_rows(args.new_dir), **options)
+        title = f"base {args.base_dir} → new {args.new_dir}"
+    print(render_terminal(c, title=title))
+    if args.markdown:
+        Path(args.markdown).write_text(render_markdown(c, title=title), encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(c), indent=2) + "\n", encoding="utf-8")
+    return c.exit_code
+
+
+def _num(x: float, digits: int = 3) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _p(p: float) -> str:
+    return "–" if not math.isfinite(p) else "<0.0001" if p < 1e-4 else f"{p:.2g}"
+
+
+def _ratio(r) -> str:
+    return f"{_num(r.ratio)} [{_num(r.ci_low)}, {_num(r.ci_high)}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _rule(c: Comparison) -> str:
+    return (f"threshold ±{c.threshold * 100:g} %, alpha {c.alpha:g} after Holm over "
+            f"{len(c.points)} points; ratio = new/base of the metric, with its 95 % bootstrap CI")
+
+
+def _not_ok(c: Comparison) -> list[tuple]:
+    """The not-ok list with the sides of one point, status and reason on one line ("base, new")."""
+    merged: dict[tuple, list] = {}
+    for r in c.not_ok.itertuples():
+        entry = merged.setdefault((r.point, r.status, r.reason), [[], 0])
+        entry[0].append(r.side)
+        entry[1] = max(entry[1], r.configs)
+    return [(", ".join(sides), *k, n) for k, (sides, n) in merged.items()]
+
+
+def render_terminal(c: Comparison, *, title: str = "") -> str:
+    """The comparison as plain text: env changes first, the table, the lists, notes, summary."""
+    out = [f"perfkit compare: {title}" if title else "perfkit compare"]
+    if len(c.env_changes):
+        out.append("environment changed:")
+        out += [f"  {r.field}: {r.base} → {r.new}" + (f"  ({r.side})" if len(c.new_labels) > 1 else "")
+                for r in c.env_changes.itertuples()]
+    out.append("")
+    many = len(c.new_labels) > 1
+    rows = [[r.verdict, _ratio(r), _p(r.p_holm), f"{r.n_base}/{r.n_new}", f"{r.rounds_base}/{r.rounds_new}",
+             r.metric, r.point + (f" ({r.new} vs {r.base})" if many else "")] for r in c.points.itertuples()]
+    table = _table(["verdict", "new/base [95 % CI]", "p (Holm)", "n base/new", "rounds", "metric", "point"], rows)
+    out.append(table[0])
+    for line, r in zip(table[1:], c.points.itertuples()):
+        out.append(line)
+        if r.verdict != "same":
+            out.append(f"    {r.why}")
+    out.append(f"({_rule(c)})")
+    if len(c.one_side):
+        out += ["", "only on one side:"] + [f"  {r.side}: {r.point}" for r in c.one_side.itertuples()]
+    if len(c.not_ok):
+        out += ["", "not ok:"] + [f"  {sides}: {point}: {status}" + (f" ×{n}" if n > 1 else "")
+                                  + (f" — {reason}" if reason else "") for sides, point, status, reason, n in _not_ok(c)]
+    if c.notes:
+        out += ["", "notes:"] + [f"  - {n}" for n in c.notes]
+    out += ["", c.summary]
+    return "\n".join(out)
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(_cell(x) for x in r) + " |" for r in rows)]
+
+
+def render_markdown(c: Comparison, *, title: str = "") -> str:
+    """The comparison as GitHub-flavoured markdown: summary first, changes, then the details."""
+    sides = ", ".join(f"`{n}`" for n in c.new_labels) + f" vs `{c.base_label}`"
+    out = [f"### perfkit compare: {sides}", "", f"**{c.summary}**", "",
+           f"<sub>{_cell(title) + ' · ' if title else ''}{_rule(c)}</sub>", ""]
+    if len(c.env_changes):
+        many = len(c.new_labels) > 1
+        out += ["**Environment changed**", ""]
+        out += _md_table(["field", *(["side"] if many else []), c.base_label, "new" if many else c.new_labels[0]],
+                         [[f"`{r.field}`", *([r.side] if many else []), r.base, r.new]
+                          for r in c.env_changes.itertuples()]) + [""]
+    header = ["verdict", "point", "metric", "new/base (95 % CI)", "p (Holm)", "n base / new", "why"]
+
+    def rows(frame):
+        return [[f"{_MARK[r.verdict]} {r.verdict}", f"`{r.point}`" + (f" ({r.new})" if len(c.new_labels) > 1 else ""),
+                 r.metric, _ratio(r), _p(r.p_holm), f"{r.n_base} / {r.n_new}", r.why] for r in frame.itertuples()]
+
+    changed, same = c.points[c.points["verdict"] != "same"], c.points[c.points["verdict"] == "same"]
+    if len(changed):
+        out += _md_table(header, rows(changed)) + [""]
+    if len(same):
+        out += [f"<details><summary>{len(same)} points the same</summary>", ""]
+        out += _md_table(header, rows(same)) + ["", "</details>", ""]
+    if len(c.one_side):
+        out += ["**Only on one side**", ""] + [f"- {r.side}: `{_cell(r.point)}`" for r in c.one_side.itertuples()] + [""]
+    if len(c.not_ok):
+        out += ["**Not ok**", ""]
+        out += _md_table(["side", "point", "status", "configs", "reason"],
+                         [[sides, f"`{point}`", status, n, reason] for sides, point, status, reason, n in _not_ok(c)]) + [""]
+    if c.notes:
+        out += ["**Notes**", ""] + [f"- {_cell(n)}" for n in c.notes] + [""]
+    return "\n".join(out)
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return v.item() if hasattr(v, "item") else v
+    return [{k: clean(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def to_json(c: Comparison) -> dict:
+    """The comparison as JSON-ready data (NaN as null)."""
+    return {"base": c.base_label, "new": list(c.new_labels), "metric": c.metric, "threshold": c.threshold,
+            "alpha": c.alpha, "correction": c.correction, "exit_code": c.exit_code, "summary": c.summary,
+            "uncompared": c.uncompared, "points": _records(c.points), "one_side": _records(c.one_side),
+            "not_ok": _records(c.not_ok), "env_changes": _records(c.env_changes), "notes": list(c.notes)}
