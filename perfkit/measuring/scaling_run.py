@@ -54,7 +54,7 @@ from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFa
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
 from perfkit.measuring.train_config import TrainConfig, check_supported, config_device
-from perfkit.measuring.training import train_rank
+from perfkit.measuring.training import train_rank, with_trace_dir
 
 __all__ = ["ScalingConfig", "run_scaling", "scaling_rank", "raise_if_failed", "WRAPPERS"]
 
@@ -212,7 +212,7 @@ def _is_straggler(config: dict, point: dict) -> bool:
 
 def _rank_summary(result: dict) -> dict:
     keep = ("step_time_samples_s", "losses", "peak_mem_bytes", "peak_mem_kind", "n_params",
-            "device")
+            "device", "trace_path", "trace_reason")
     return {k: result[k] for k in keep if k in result}
 
 
@@ -228,8 +228,8 @@ def scaling_rank(config: dict) -> dict:
             synced = _rank_summary(train_rank(point))
             compute = None
             if point["parallelism"] != "none":
-                with _gradient_sync_disabled() as switched:
-                    compute = _rank_summary(train_rank(point))
+                with _gradient_sync_disabled() as switched:  # traced: the synchronised run only
+                    compute = _rank_summary(train_rank({**point, "profile": False}))
                 if switched != [point["parallelism"]]:
                     raise RuntimeError(
                         f"the compute-only run of {point['parallelism']} switched {switched}: the "
@@ -285,6 +285,8 @@ def _ok_row(cfg: ScalingConfig, point: TrainConfig, ranks: list[dict], wall_s: f
         "peak_mem_kind": synced[0].get("peak_mem_kind"), "n_params": synced[0].get("n_params"),
         "loss_first": losses[0], "loss_last": losses[-1],
         "launch_wall_time_s": wall_s,
+        "trace_path": synced[0].get("trace_path"), "rank_trace_paths": [r.get("trace_path") for r in synced],
+        "trace_reason": synced[0].get("trace_reason"),
     }
 
 
@@ -308,7 +310,7 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
     env = {"OMP_NUM_THREADS": str(cfg.threads_per_rank)} if cfg.threads_per_rank else None
     rows = []
     for n in cfg.world_sizes:
-        points = cfg.points(n)
+        points = [with_trace_dir(p) for p in cfg.points(n)]
         try:
             for point in points:
                 check_supported(point)

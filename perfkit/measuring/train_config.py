@@ -85,6 +85,17 @@ class TrainConfig:
     address_space_headroom_bytes: int | None = None
     """Cap each rank's address space (RLIMIT_AS) at its size after start-up plus this many bytes,
     to find an OOM edge on CPU without the kernel's OOM killer; forces separate processes."""
+    data_delay_s: float = 0.0
+    """Seconds each batch fetch waits on top of drawing the batch: an input pipeline this slow.
+    The fetch is outside the timed step and inside the trace's ``data_wait`` span."""
+    profile: bool = False
+    """Record a ``torch.profiler`` trace per rank of ``profile_active_steps`` steps after the
+    warm-up (:mod:`perfkit.measuring.trace_capture`); its steps are timed like the others."""
+    profile_active_steps: int = 2
+    """Steps the trace records (after one profiler warm-up step)."""
+    trace_dir: str | None = None
+    """Where the traces go (``rank<r>.json.gz``); None: beside the configuration's results,
+    ``DIR/traces/<config_id>/``."""
 
     def __post_init__(self):
         object.__setattr__(self, "model_size", dict(self.model_size))
@@ -112,6 +123,11 @@ class TrainConfig:
             raise BadInputError("comm_hook applies to parallelism 'ddp' only")
         if not self.lr > 0 or (self.address_space_headroom_bytes or 1) < 1:
             raise BadInputError("lr and address_space_headroom_bytes must be positive")
+        if not self.data_delay_s >= 0:
+            raise BadInputError(f"data_delay_s must be ≥ 0 seconds, got {self.data_delay_s!r}")
+        if self.profile and self.steps - self.warmup_steps < 1 + self.profile_active_steps:
+            raise BadInputError(f"profile needs steps ≥ warmup_steps + 1 + profile_active_steps "
+                                f"({self.warmup_steps} + 1 + {self.profile_active_steps}), got steps={self.steps}")
         spec = workload_spec(self)  # unknown or bad size names fail here, before any work
         if self.parallelism == "tp":
             _check_tp(spec, self.world_size)

@@ -28,10 +28,13 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import statistics
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -41,7 +44,7 @@ from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.core.status import OK, OOM, SKIPPED, status_for_error
 from perfkit.core.timing import Measurement
-from perfkit.measuring import parallel, workloads
+from perfkit.measuring import parallel, trace_capture, workloads
 from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "find_max_batch_size",
@@ -138,12 +141,21 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
-    losses, samples_s, counted = [], [], None
+    losses, samples_s, data_s, counted = [], [], [], None
+    profiler = trace_capture.StepProfiler(
+        trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
+        Path(cfg.trace_dir or ".") / f"rank{ctx.rank}.json.gz", device=device.type, skip_steps=cfg.warmup_steps)
     # One precision policy (perfkit.core.precision): fp32 matmuls and cuDNN convolutions IEEE unless
     # cfg.precision is tf32; on ROCm tf32 also sets HIPBLASLT_ALLOW_TF32 for the run.
-    with precision.math_mode(cfg.precision):
+    with precision.math_mode(cfg.precision), profiler:
         for step in range(cfg.steps):
-            inputs, target = _batch(cfg, work, step, ctx, device)
+            t_data = time.perf_counter()
+            with trace_capture.data_wait_span():
+                inputs, target = _batch(cfg, work, step, ctx, device)
+                if cfg.data_delay_s:
+                    time.sleep(cfg.data_delay_s)
+            if step >= cfg.warmup_steps:
+                data_s.append(time.perf_counter() - t_data)
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
             _synchronize(device)
             t0 = time.perf_counter()
@@ -166,6 +178,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             if isinstance(counter, OpCounter):
                 counted = counter.frame()
             losses.append(loss.detach().float())
+            profiler.step()
     losses_t = torch.stack(losses)
     if ctx.dp_size > 1:  # the global-batch loss is the mean of the equal-sized slices' losses
         torch.distributed.all_reduce(losses_t)
@@ -173,6 +186,8 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     peak, peak_kind = _peak_mem_bytes(device)
     uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
     return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
+            "data_time_samples_s": data_s, "trace_path": str(profiler.path) if profiler.path else None,
+            "trace_reason": profiler.reason,
             "peak_mem_bytes": peak, "peak_mem_kind": peak_kind, "n_params": work.n_params,
             "n_params_non_embedding": work.n_params_non_embedding,
             "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
@@ -235,7 +250,27 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "loss_fell": bool(losses[-1] < losses[0]),
         "resolved_device": first["device"], "device_name": first["device_name"],
         "grad_scale": first["grad_scale"],
+        # The batch fetch, outside the timed step (slowest rank per step, as the step).
+        "data_time_s": _median([max(t) for t in zip(*(r["data_time_samples_s"] for r in rank_results))]),
+        "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
+        "trace_reason": first["trace_reason"],
     }
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def with_trace_dir(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its traces' folder set: beside the current configuration's results."""
+    if not cfg.profile or cfg.trace_dir is not None:
+        return cfg
+    from perfkit.core.results import current_context
+
+    ctx = current_context()
+    # One configuration may run several trainings (a scaling run: one per world size): each its folder.
+    run = f"{cfg.model}-{cfg.parallelism}{cfg.world_size}-b{cfg.batch_size}-{cfg.precision}-{uuid.uuid4().hex[:6]}"
+    return replace(cfg, trace_dir=str(trace_capture.trace_dir(ctx.results_path.resolve(), ctx.config_id) / run))
 
 
 def train_step_benchmark(cfg: TrainConfig) -> dict:
@@ -244,6 +279,7 @@ def train_step_benchmark(cfg: TrainConfig) -> dict:
         raise BadInputError("train_step_benchmark runs one process without a memory cap; "
                             "use run_training for parallel or capped runs")
     check_supported(cfg)
+    cfg = with_trace_dir(cfg)
     return _row(cfg, [_run(cfg, parallel.dist_context("none"))])
 
 
@@ -293,6 +329,7 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
     from perfkit.run.launch import launch
 
     device = config_device(cfg)
+    cfg = with_trace_dir(cfg)
     result = launch("perfkit.measuring.training:train_rank", cfg.as_dict(), world_size=cfg.world_size,
                     backend="nccl" if device == "cuda" else "gloo", timeout_s=timeout_s,
                     device=device)

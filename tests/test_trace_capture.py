@@ -1,0 +1,85 @@
+"""One profiler trace per configuration and rank (issue 15, capture), from real CPU training runs."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from perfkit.core.errors import BadInputError
+from perfkit.core.results import CONTEXT_ENV, RunContext
+from perfkit.measuring.trace_capture import DATA_WAIT_SPAN, ProfileSettings, StepProfiler
+from perfkit.measuring.train_config import TrainConfig
+from perfkit.measuring.training import run_training
+
+
+def _events(path) -> dict:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def _context(monkeypatch, tmp_path, config_id="cfg-1") -> RunContext:
+    ctx = RunContext(results_path=tmp_path / "results" / f"{config_id}.parquet", config_id=config_id)
+    monkeypatch.setenv(CONTEXT_ENV, ctx.to_env())
+    return ctx
+
+
+def test_a_profiled_run_leaves_a_gzipped_trace_beside_its_results_with_steps_and_data_wait(tmp_path, monkeypatch):
+    _context(monkeypatch, tmp_path)
+    row = run_training(TrainConfig(model="mlp", batch_size=16, steps=5, warmup_steps=1, profile=True,
+                                   profile_active_steps=2, data_delay_s=0.02, device="cpu"))
+    assert row["status"] == "ok", row.get("error")
+    path = Path(row["trace_path"])
+    assert path.parent.parent == tmp_path / "traces" / "cfg-1" and path.name == "rank0.json.gz"
+    assert row["rank_trace_paths"] == [str(path)] and row["trace_reason"] is None
+    trace = _events(path)
+    names = [e.get("name", "") for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted({n for n in names if n.startswith("ProfilerStep#")})
+    assert len(steps) == 2  # the active steps only: warm-up and the profiler's warm-up left out
+    waits = [e for e in trace["traceEvents"] if e.get("name") == DATA_WAIT_SPAN and e.get("ph") == "X"]
+    assert len(waits) == 2 and all(e["dur"] >= 20_000 for e in waits)  # µs: the injected 20 ms each
+    assert any(n.startswith("aten::") for n in names)  # CPU ops recorded on a CPU run
+    assert row["data_time_s"] >= 0.02
+
+
+def test_each_rank_writes_its_own_trace_with_distributed_info(tmp_path, monkeypatch):
+    _context(monkeypatch, tmp_path, "ddp-cfg")
+    row = run_training(TrainConfig(model="mlp", batch_size=16, steps=4, warmup_steps=1, profile=True,
+                                   profile_active_steps=1, parallelism="ddp", world_size=2, device="cpu"))
+    assert row["status"] == "ok", row.get("error")
+    paths = [Path(p) for p in row["rank_trace_paths"]]
+    assert [p.name for p in paths] == ["rank0.json.gz", "rank1.json.gz"] and paths[0].parent == paths[1].parent
+    for rank, path in enumerate(paths):
+        info = _events(path)["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is a dev dependency")
+    analysis = hta.TraceAnalysis(trace_dir=str(paths[0].parent))  # HTA parses what we wrote
+    assert sorted(analysis.t.traces) == [0, 1]
+
+
+def test_profile_off_writes_nothing(tmp_path, monkeypatch):
+    _context(monkeypatch, tmp_path)
+    row = run_training(TrainConfig(model="mlp", batch_size=8, steps=3, device="cpu"))
+    assert row["trace_path"] is None and row["trace_reason"] == "profile off"
+    assert not (tmp_path / "traces").exists()
+
+
+def test_a_trace_over_the_cap_is_deleted_and_the_reason_given(tmp_path):
+    import torch
+
+    target = tmp_path / "rank0.json.gz"
+    with StepProfiler(ProfileSettings(warmup=0, active=1, max_bytes=100), target, device="cpu") as p:
+        for _ in range(2):
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            p.step()
+    assert p.path is None and not target.exists() and list(tmp_path.iterdir()) == []
+    assert "over the cap" in p.reason and "profile max_bytes" in p.reason
+
+
+def test_too_few_steps_for_the_profile_is_bad_input():
+    with pytest.raises(BadInputError, match="profile needs steps"):
+        TrainConfig(steps=3, warmup_steps=1, profile=True, profile_active_steps=2)
+    with pytest.raises(BadInputError, match="active"):
+        ProfileSettings(active=0)
+    with pytest.raises(BadInputError, match="data_delay_s"):
+        TrainConfig(data_delay_s=-1.0)
