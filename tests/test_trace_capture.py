@@ -83,3 +83,31 @@ def test_too_few_steps_for_the_profile_is_bad_input():
         ProfileSettings(active=0)
     with pytest.raises(BadInputError, match="data_delay_s"):
         TrainConfig(data_delay_s=-1.0)
+
+
+def test_collectives_profile_pass_writes_a_trace_per_rank_with_a_step_per_point(tmp_path, monkeypatch):
+    from perfkit.measuring.collectives import CollectivesConfig, run_collectives
+
+    _context(monkeypatch, tmp_path, "coll")
+    rows = run_collectives(CollectivesConfig(ops=("all_reduce",), min_bytes=1024, max_bytes=4096, inplace=(True,),
+                                             iters=3, world_size=2, profile=True))
+    paths = [Path(p) for p in rows["rank_trace_paths"].iloc[0]]
+    assert [p.name for p in paths] == ["rank0.json.gz", "rank1.json.gz"]
+    assert paths[0].parent == tmp_path / "traces" / "coll" / "collectives" and (rows["trace_path"] == str(paths[0])).all()
+    for rank, path in enumerate(paths):
+        trace = _events(path)
+        assert trace["distributedInfo"]["rank"] == rank
+        names = {e.get("name") for e in trace["traceEvents"] if e.get("ph") == "X"}
+        assert {"all_reduce 1024 B in-place", "all_reduce 4096 B in-place"} <= names
+        assert len({n for n in names if n.startswith("ProfilerStep#")}) == len(rows)  # one step per point
+
+
+def test_roofline_step_keeps_its_profiled_steps_as_a_trace(tmp_path):
+    from perfkit.measuring import roofline_step, workloads
+
+    work = workloads.build(workloads.make_spec("mlp"), device="cpu")
+    target = tmp_path / "roofline" / "rank0.json.gz"
+    step = roofline_step.profile_step(work, 8, device="cpu", profile_steps=1, min_run_time_s=0.02, trace_path=target)
+    assert step.trace_path == str(target) and step.trace_reason is None
+    names = {e.get("name") for e in _events(target)["traceEvents"]}
+    assert "aten::addmm" in names or "aten::mm" in names

@@ -33,7 +33,8 @@ import os
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -112,8 +113,15 @@ class CollectivesConfig:
     TUNING line per call would cost host time inside the timed loop). ``off``: no check pass;
     the knobs reach the timed launch as given. gloo prints nothing to check either way."""
     timeout_s: float = 300.0
-    """Deadline for the launches together (knob check pass and timed launch); a hung or dead
-    rank ends the run as timeout/killed."""
+    """Deadline for the launches together (knob check pass, timed launch, profile pass); a hung
+    or dead rank ends the run as timeout/killed."""
+    profile: bool = False
+    """After the timed launch, a profile pass: every point ``profile_iters`` times under
+    ``torch.profiler``, one ``ProfilerStep`` per point, one gzipped trace per rank
+    (:mod:`perfkit.measuring.trace_capture`). Separate so the profiler never touches the timings."""
+    profile_iters: int = 3
+    trace_dir: str | None = None
+    """Where the profile pass writes ``rank<r>.json.gz``; None: beside the configuration's results."""
 
     def __post_init__(self):
         ops = tuple(self.ops)
@@ -146,6 +154,8 @@ class CollectivesConfig:
             raise BadInputError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if not self.timeout_s > 0:
             raise BadInputError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.profile_iters < 1:
+            raise BadInputError(f"profile_iters must be >= 1, got {self.profile_iters}")
         if self.knob_check_pass not in KNOB_CHECK_PASSES:
             raise BadInputError(f"knob_check_pass must be one of {KNOB_CHECK_PASSES}, "
                                 f"got {self.knob_check_pass!r}")
@@ -233,6 +243,28 @@ def knob_pass_rank(config: dict) -> dict:
         ran += 1
     _sync(device)
     return {"rank": rank, "points": ran}
+
+
+def profile_pass_rank(config: dict) -> dict:
+    """Rank target of the profile pass: each point ``profile_iters`` times, one profiler step per
+    point (named by a span ``<op> <size> B <form>``), this rank's trace written gzipped."""
+    from perfkit.measuring.trace_capture import ProfileSettings, StepProfiler
+
+    cfg = CollectivesConfig(**config)
+    rank, device, points = _points(cfg)
+    points = list(points)
+    settings = ProfileSettings(warmup=0, active=len(points))
+    with warnings.catch_warnings():  # "won't be using warmup": every point was warmed up by the timed launch
+        warnings.filterwarnings("ignore", message=".*warmup.*", category=UserWarning)
+        profiler = StepProfiler(settings, Path(cfg.trace_dir) / f"rank{rank}.json.gz", device=device.type)
+        with profiler:
+            for op, inplace, _, size_bytes, (call, *_) in points:
+                with torch.profiler.record_function(f"{op} {size_bytes} B {'in-place' if inplace else 'out-of-place'}"):
+                    for _ in range(cfg.profile_iters):
+                        call()
+                    _sync(device)
+                profiler.step()
+    return {"rank": rank, "trace_path": str(profiler.path) if profiler.path else None, "trace_reason": profiler.reason}
 
 
 # ---------------------------------------------------------------- reduction
@@ -351,4 +383,13 @@ def run_collectives(cfg: CollectivesConfig):
     if cfg.backend == "nccl" and cfg.knob_check_pass == "separate":
         logs = run("perfkit.measuring.collectives:knob_pass_rank", _debug_env(cfg), "knob check pass").rank_logs
     timed = run("perfkit.measuring.collectives:collectives_rank", _timed_env(cfg), "timed launch")
-    return reduce_rank_results(timed.rank_results, cfg, logs)
+    rows = reduce_rank_results(timed.rank_results, cfg, logs)
+    if cfg.profile:
+        if cfg.trace_dir is None:
+            from perfkit.measuring.trace_capture import current_trace_dir
+
+            cfg = replace(cfg, trace_dir=str(current_trace_dir("collectives")))
+        traced = run("perfkit.measuring.collectives:profile_pass_rank", _timed_env(cfg), "profile pass").rank_results
+        rows = rows.assign(trace_path=traced[0]["trace_path"], trace_reason=traced[0]["trace_reason"],
+                           rank_trace_paths=[[r["trace_path"] for r in traced]] * len(rows))
+    return rows

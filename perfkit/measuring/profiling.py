@@ -12,7 +12,7 @@ from ..core.errors import BadInputError
 __all__ = ["profile_op_times"]
 
 
-def profile_op_times(fn: Callable, *args, device: str | None = None, **kwargs) -> pd.DataFrame:
+def profile_op_times(fn: Callable, *args, device: str | None = None, trace_path=None, **kwargs) -> pd.DataFrame:
     """Run ``fn`` once under ``torch.profiler``; per aten op name and input shapes, its times.
 
     Columns: ``op`` ("aten::mm"), ``input_shapes`` (non-scalar input shapes, as in
@@ -20,7 +20,9 @@ def profile_op_times(fn: Callable, *args, device: str | None = None, **kwargs) -
     ``self_device_time_s``, ``device_time_s`` (inclusive; 0 on CPU), ``time_s`` (inclusive
     device time when a device was profiled, else inclusive CPU time: an op the dispatcher sees
     owns the ops its kernel calls internally). ``device`` is "cpu" or "cuda" (ROCm included);
-    None profiles CUDA when it is available.
+    None profiles CUDA when it is available. ``trace_path``: also write the profiled run as a
+    gzipped Chrome trace there (:func:`perfkit.measuring.trace_capture.write_trace`); the frame's
+    ``attrs`` then hold ``trace_path`` and ``trace_reason``.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -33,6 +35,11 @@ def profile_op_times(fn: Callable, *args, device: str | None = None, **kwargs) -
         fn(*args, **kwargs)
         if use_cuda:
             torch.cuda.synchronize()
+    trace = (None, None)
+    if trace_path is not None:
+        from .trace_capture import write_trace
+
+        trace = write_trace(prof, trace_path)
     rows = []
     for ev in prof.key_averages(group_by_input_shape=True):
         if not ev.key.startswith("aten::"):
@@ -48,6 +55,8 @@ def profile_op_times(fn: Callable, *args, device: str | None = None, **kwargs) -
             "cpu_time_s": cpu, "self_device_time_s": self_dev, "device_time_s": dev,
             "time_s": dev if use_cuda else cpu,
         })
-    return pd.DataFrame(rows, columns=["op", "input_shapes", "calls", "self_cpu_time_s",
-                                       "cpu_time_s", "self_device_time_s", "device_time_s",
-                                       "time_s"])
+    frame = pd.DataFrame(rows, columns=["op", "input_shapes", "calls", "self_cpu_time_s",
+                                        "cpu_time_s", "self_device_time_s", "device_time_s",
+                                        "time_s"])
+    frame.attrs.update(trace_path=str(trace[0]) if trace[0] else None, trace_reason=trace[1])
+    return frame

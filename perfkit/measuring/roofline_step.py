@@ -109,6 +109,9 @@ class StepProfile:
     replaced by the profiler's mean time per call, and ``time_match`` saying how it matched."""
     step: Measurement
     """The whole step's timing: median, IQR and raw samples."""
+    trace_path: str | None = None
+    """The profiled steps as a gzipped Chrome trace, when asked for (``profile_step(trace_path=...)``)."""
+    trace_reason: str | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -118,7 +121,7 @@ class StepProfile:
 
 def profile_step(workload, batch_size: int, *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, profile_steps: int = 3,
-                 min_run_time_s: float = 0.2, seed: int = 0) -> StepProfile:
+                 min_run_time_s: float = 0.2, seed: int = 0, trace_path=None) -> StepProfile:
     """Count, profile and time one training step (zero grads, forward, loss, backward).
 
     The model is already on ``device`` in ``dtype`` (:func:`perfkit.measuring.workloads.build`); the batch
@@ -126,7 +129,7 @@ def profile_step(workload, batch_size: int, *, device: str = "cpu",
     runs under :func:`perfkit.core.precision.math_mode` of its precision: fp32 matmuls *and* cuDNN
     convolutions in IEEE fp32 (cuDNN's default allows TF32, which would put an fp32 point above
     the fp32 roof), and on ``cuda:N`` with device N current, so the profiler's synchronizations
-    wait on the device the step runs on.
+    wait on the device the step runs on. ``trace_path``: also keep the profiled steps' trace there.
     """
     if profile_steps < 1:
         raise BadInputError(f"profile_steps must be >= 1, got {profile_steps!r}")
@@ -139,11 +142,12 @@ def profile_step(workload, batch_size: int, *, device: str = "cpu",
                  else contextlib.nullcontext())
     with math_mode(precision), on_device:
         return _profile_step(workload, batch_size, device=device, dtype=dtype,
-                             profile_steps=profile_steps, min_run_time_s=min_run_time_s, seed=seed)
+                             profile_steps=profile_steps, min_run_time_s=min_run_time_s, seed=seed,
+                             trace_path=trace_path)
 
 
 def _profile_step(workload, batch_size: int, *, device, dtype, profile_steps, min_run_time_s,
-                  seed) -> StepProfile:
+                  seed, trace_path) -> StepProfile:
     inputs, targets = workload.make_batch(batch_size, seed=seed, device=device, dtype=dtype)
     model, loss_fn = workload.model, workload.loss_fn
 
@@ -159,9 +163,10 @@ def _profile_step(workload, batch_size: int, *, device, dtype, profile_steps, mi
     step()  # warm-up: lazy initialisation and allocator growth stay out of every measurement
     counts = count_ops(step)
     # The join takes each op's mean time per call, so profiling several steps averages them.
-    times = profile_op_times(steps, device="cuda" if kind == "cuda" else "cpu")
+    times = profile_op_times(steps, device="cuda" if kind == "cuda" else "cpu", trace_path=trace_path)
     timing = measure(step, min_run_time_s=min_run_time_s, device=device, label="train step")
-    return StepProfile(ops=join_counts_with_times(counts, times), step=timing)
+    return StepProfile(ops=join_counts_with_times(counts, times), step=timing,
+                       trace_path=times.attrs.get("trace_path"), trace_reason=times.attrs.get("trace_reason"))
 
 
 def point_rows(points: pd.DataFrame, profile: StepProfile) -> pd.DataFrame:
@@ -174,6 +179,8 @@ def point_rows(points: pd.DataFrame, profile: StepProfile) -> pd.DataFrame:
 
     rows = points.copy()
     rows["headroom"] = 1.0 - rows["percent_of_roof"] / 100.0
+    if profile.trace_path or profile.trace_reason:
+        rows["trace_path"], rows["trace_reason"] = profile.trace_path, profile.trace_reason
     timing = profile.step.as_row("time")
     timing.pop("time_s")  # the step row's time_s is already the median
     is_step = rows["op"] == STEP_OP

@@ -33,7 +33,8 @@ import torch
 
 from ..core.errors import BadInputError
 
-__all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "trace_dir", "data_wait_span"]
+__all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "trace_dir", "data_wait_span", "write_trace",
+           "current_trace_dir"]
 
 #: The record_function span around fetching a step's batch (perfkit's own data-wait marker).
 DATA_WAIT_SPAN = "data_wait"
@@ -75,6 +76,15 @@ def trace_dir(results_path: str | Path, config_id: str) -> Path:
     """Where a configuration's traces go: ``DIR/traces/<config_id>/`` for ``DIR/results/<id>.parquet``."""
     results_path = Path(results_path)
     return results_path.parent.parent / "traces" / config_id
+
+
+def current_trace_dir(*parts: str) -> Path:
+    """The traces folder of the configuration running now (an executor's, or the interactive
+    session's), with ``parts`` below it."""
+    from ..core.results import current_context
+
+    ctx = current_context()
+    return trace_dir(ctx.results_path.resolve(), ctx.config_id).joinpath(*parts)
 
 
 def data_wait_span():
@@ -129,22 +139,27 @@ class StepProfiler:
                            f"({self.skip_steps} warm-up + {self.settings.steps_needed})")
 
     def _write(self, prof) -> None:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        raw = self.target.with_name(self.target.name.removesuffix(".gz") + f".tmp-{os.getpid()}")
-        try:
-            prof.export_chrome_trace(str(raw))
-            tmp = raw.with_name(raw.name + ".gz")
-            with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            size = tmp.stat().st_size
-            if size > self.settings.max_bytes:
-                tmp.unlink()
-                self.reason = (f"trace of {size / 2**20:.0f} MiB gzipped is over the cap of "
-                               f"{self.settings.max_bytes / 2**20:.0f} MiB: profile fewer active steps, "
-                               f"or raise profile max_bytes")
-                return
-            os.replace(tmp, self.target)
-            self.path = self.target
-        finally:
+        self.path, self.reason = write_trace(prof, self.target, max_bytes=self.settings.max_bytes)
+
+
+def write_trace(prof, target: str | Path, *, max_bytes: int = ProfileSettings.max_bytes) -> tuple[Path | None, str | None]:
+    """Export ``prof`` (a finished ``torch.profiler.profile``) as a gzipped Chrome trace at
+    ``target``, atomically; (path, None), or (None, why not) when it is over ``max_bytes``."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    raw = target.with_name(target.name.removesuffix(".gz") + f".tmp-{os.getpid()}")
+    tmp = raw.with_name(raw.name + ".gz")
+    try:
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        size = tmp.stat().st_size
+        if size > max_bytes:
+            return None, (f"trace of {size / 2**20:.0f} MiB gzipped is over the cap of {max_bytes / 2**20:.0f} MiB: "
+                          f"profile fewer active steps, or raise profile max_bytes")
+        os.replace(tmp, target)
+        return target, None
+    finally:
+        for leftover in (raw, tmp):
             with contextlib.suppress(FileNotFoundError):
-                raw.unlink()
+                leftover.unlink()

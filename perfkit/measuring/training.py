@@ -265,12 +265,9 @@ def with_trace_dir(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with its traces' folder set: beside the current configuration's results."""
     if not cfg.profile or cfg.trace_dir is not None:
         return cfg
-    from perfkit.core.results import current_context
-
-    ctx = current_context()
     # One configuration may run several trainings (a scaling run: one per world size): each its folder.
     run = f"{cfg.model}-{cfg.parallelism}{cfg.world_size}-b{cfg.batch_size}-{cfg.precision}-{uuid.uuid4().hex[:6]}"
-    return replace(cfg, trace_dir=str(trace_capture.trace_dir(ctx.results_path.resolve(), ctx.config_id) / run))
+    return replace(cfg, trace_dir=str(trace_capture.current_trace_dir(run)))
 
 
 def train_step_benchmark(cfg: TrainConfig) -> dict:
