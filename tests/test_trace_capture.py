@@ -111,3 +111,51 @@ def test_roofline_step_keeps_its_profiled_steps_as_a_trace(tmp_path):
     assert step.trace_path == str(target) and step.trace_reason is None
     names = {e.get("name") for e in _events(target)["traceEvents"]}
     assert "aten::addmm" in names or "aten::mm" in names
+
+
+@pytest.mark.slow
+def test_a_profiled_training_sweep_leaves_a_trace_per_configuration_and_rank_analysed_into_its_rows(tmp_path):
+    """Issue 15 acceptance: precision × (1 rank, 2 ranks), profile on, a known data-loading delay."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    import perfkit
+    from perfkit.analyse.trace_breakdown import data_wait_share
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "notebook": str(repo / "notebooks" / "train_step.ipynb"),
+        "parameters": {"model": "mlp", "batch_size": 8, "steps": 5, "warmup_steps": 1, "profile": True,
+                       "profile_active_steps": 3, "data_delay_s": 0.03, "device": "cpu"},
+        "grid": {"precision": ["fp32", "bf16"]},
+        "configs": [{"precision": p, "parallelism": "ddp", "world_size": 2} for p in ("fp32", "bf16")],
+    }))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = perfkit.load(out)
+    assert len(rows) == 4 and set(rows["status"]) == {"ok"}
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is a dev dependency")
+    for row in rows.itertuples():
+        paths = [Path(p) for p in row.rank_trace_paths]
+        assert len(paths) == row.world_size and all(p.is_file() for p in paths)
+        assert all(p.parent.parent.name == row.config_id for p in paths)  # traces/<config_id>/<run>/rank<r>
+        assert sorted(hta.TraceAnalysis(trace_dir=str(paths[0].parent)).t.traces) == list(range(row.world_size))
+        # The injected delay against perfkit's own clocks, step by step: ProfilerStep#N is loop
+        # step N, whose batch fetch and timed step are samples[N - warmup_steps] (slowest rank).
+        per_step = data_wait_share(paths)
+        assert len(per_step) and (per_step["data_wait_time_s"] >= 0.03 * 0.98).all()
+        data = sum_data = sum_all = 0.0
+        for rank_step in per_step[per_step["rank"] == 0].itertuples():
+            i = rank_step.step - 1  # warmup_steps = 1
+            data, step = row.data_time_samples_s[i], row.step_time_samples_s[i]
+            assert abs(rank_step.data_wait_share - data / (data + step)) <= 0.05, (rank_step, data, step)
+            sum_data, sum_all = sum_data + data, sum_all + data + step
+        if row.world_size == 1:
+            assert abs(row.trace_data_wait_share - sum_data / sum_all) <= 0.05
+        assert row.trace_top_kernel  # a CPU trace: its top CPU op
+    assert len(list((out / "traces").rglob("rank*.json.gz"))) == 1 + 1 + 2 + 2

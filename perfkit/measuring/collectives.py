@@ -390,6 +390,9 @@ def run_collectives(cfg: CollectivesConfig):
 
             cfg = replace(cfg, trace_dir=str(current_trace_dir("collectives")))
         traced = run("perfkit.measuring.collectives:profile_pass_rank", _timed_env(cfg), "profile pass").rank_results
+        from perfkit.measuring.trace_capture import summary_columns
+
         rows = rows.assign(trace_path=traced[0]["trace_path"], trace_reason=traced[0]["trace_reason"],
-                           rank_trace_paths=[[r["trace_path"] for r in traced]] * len(rows))
+                           rank_trace_paths=[[r["trace_path"] for r in traced]] * len(rows),
+                           **summary_columns(r["trace_path"] for r in traced))
     return rows

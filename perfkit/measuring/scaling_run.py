@@ -54,6 +54,7 @@ from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFa
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
 from perfkit.measuring.train_config import TrainConfig, check_supported, config_device
+from perfkit.measuring.trace_capture import summary_columns
 from perfkit.measuring.training import train_rank, with_trace_dir
 
 __all__ = ["ScalingConfig", "run_scaling", "scaling_rank", "raise_if_failed", "WRAPPERS"]
@@ -287,6 +288,7 @@ def _ok_row(cfg: ScalingConfig, point: TrainConfig, ranks: list[dict], wall_s: f
         "launch_wall_time_s": wall_s,
         "trace_path": synced[0].get("trace_path"), "rank_trace_paths": [r.get("trace_path") for r in synced],
         "trace_reason": synced[0].get("trace_reason"),
+        **summary_columns(r.get("trace_path") for r in synced),
     }
 
 

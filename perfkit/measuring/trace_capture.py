@@ -34,7 +34,7 @@ import torch
 from ..core.errors import BadInputError
 
 __all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "trace_dir", "data_wait_span", "write_trace",
-           "current_trace_dir"]
+           "current_trace_dir", "summary_columns"]
 
 #: The record_function span around fetching a step's batch (perfkit's own data-wait marker).
 DATA_WAIT_SPAN = "data_wait"
@@ -85,6 +85,29 @@ def current_trace_dir(*parts: str) -> Path:
 
     ctx = current_context()
     return trace_dir(ctx.results_path.resolve(), ctx.config_id).joinpath(*parts)
+
+
+#: The shares :func:`summary_columns` averages over ranks.
+_SHARES = ("trace_idle_share", "trace_exposed_comm_share", "trace_data_wait_share")
+
+
+def summary_columns(paths) -> dict:
+    """What a results row carries of its traces (one per rank; :func:`perfkit.analyse.trace_breakdown.trace_summary`):
+    each share averaged over the ranks, and rank 0's top kernel (top CPU op on a CPU trace).
+    A trace that cannot be analysed leaves the row its measurement and says why."""
+    from ..analyse.trace_breakdown import trace_summary
+
+    paths = [p for p in paths if p]
+    if not paths:
+        return {}
+    try:
+        summary = trace_summary(paths)
+    except Exception as exc:  # noqa: BLE001 - the measurement stands without its trace summary
+        return {"trace_summary_error": f"{type(exc).__name__}: {exc}"}
+    row = {col: float(summary[col].mean()) for col in _SHARES}
+    first = summary.sort_values("rank").iloc[0]
+    row.update(trace_top_kernel=first["trace_top_kernel"], trace_top_kernel_share=float(first["trace_top_kernel_share"]))
+    return row
 
 
 def data_wait_span():

@@ -212,6 +212,7 @@ def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[floa
 def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
     """One results row from every rank's result: a step lasts as long as its slowest rank."""
     per_step = [max(times) for times in zip(*(r["step_time_samples_s"] for r in rank_results))]
+    data_samples = [max(times) for times in zip(*(r["data_time_samples_s"] for r in rank_results))]
     timing = Measurement(samples_s=tuple(per_step), warmup_calls=cfg.warmup_steps,
                          label=f"{cfg.model} {cfg.parallelism} step").as_row("step_time")
     first, losses = rank_results[0], rank_results[0]["losses"]
@@ -251,9 +252,11 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "resolved_device": first["device"], "device_name": first["device_name"],
         "grad_scale": first["grad_scale"],
         # The batch fetch, outside the timed step (slowest rank per step, as the step).
-        "data_time_s": _median([max(t) for t in zip(*(r["data_time_samples_s"] for r in rank_results))]),
+        "data_time_s": _median(data_samples),
+        "data_time_samples_s": data_samples,
         "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
         "trace_reason": first["trace_reason"],
+        **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
     }
 
 
