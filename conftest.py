@@ -1,5 +1,5 @@
 """nbval runs notebooks/ with their default parameters; this gives notebooks/report.ipynb and
-notebooks/compare.ipynb real rows.
+notebooks/compare.ipynb real rows, and notebooks/trace.ipynb a real trace.
 
 (At the repo root, not in notebooks/: pytest imports every conftest.py as the module
 ``conftest``, and tests/ imports names from its own; the conftest loaded last wins, and
@@ -15,6 +15,10 @@ compare.ipynb likewise reads ``$PERFKIT_COMPARE_DIR`` for its ``base_dir = ""``:
 folder, GEMM rows measured here under two thread counts (``torch.set_num_threads`` 1 and 2, the
 in-process stand-in for ``OMP_NUM_THREADS``), interleaved over rounds as a sweep would, each
 recorded with the ``variant``/``round`` tags and ``param_names`` a sweep's rows carry.
+
+trace.ipynb reads ``$PERFKIT_TRACE_PATH`` for its ``path = ""``: a results folder of one real
+profiled CPU training run (``profile=True``, a tiny MLP, a 5 ms data delay per batch), its trace
+written beside its row as a sweep's would be (``DIR/traces/<config_id>/<run>/rank0.json.gz``).
 """
 
 from __future__ import annotations
@@ -74,18 +78,47 @@ def _prepare_compare_dir() -> str:
     return folder
 
 
+def _prepare_trace_dir() -> str:
+    from perfkit.core.results import CONTEXT_ENV, RunContext, record
+    from perfkit.measuring.train_config import TrainConfig
+    from perfkit.measuring.training import run_training
+    from perfkit.view.trace import TRACE_PATH_ENV
+
+    folder = tempfile.mkdtemp(prefix="perfkit-trace-nbval-")
+    _prepared.append(folder)
+    params = {"model": "mlp", "steps": 5, "profile": True, "data_delay_s": 0.005}
+    ctx = RunContext(results_path=Path(folder) / "results" / "train-nbval.parquet", config_id="train-nbval",
+                     params=params, notebook="notebooks/train_step.ipynb")
+    before = os.environ.get(CONTEXT_ENV)
+    os.environ[CONTEXT_ENV] = ctx.to_env()  # where the run puts its trace: beside this configuration's rows
+    try:
+        row = run_training(TrainConfig(batch_size=8, device="cpu", **params))
+    finally:
+        if before is None:
+            os.environ.pop(CONTEXT_ENV, None)
+        else:
+            os.environ[CONTEXT_ENV] = before
+    assert row["status"] == "ok" and row["trace_path"], f"the profiled run for trace.ipynb made no trace: {row}"
+    record(row, context=ctx)
+    os.environ[TRACE_PATH_ENV] = folder
+    return folder
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     # tryfirst: before nbval's setup of the notebook starts its kernel, which inherits os.environ.
     path = Path(str(item.fspath))
-    if path.parent.name != "notebooks" or path.name not in ("report.ipynb", "compare.ipynb"):
+    if path.parent.name != "notebooks" or path.name not in ("report.ipynb", "compare.ipynb", "trace.ipynb"):
         return
     from perfkit.view.report import COMPARE_DIR_ENV, REPORT_DIR_ENV
+    from perfkit.view.trace import TRACE_PATH_ENV
 
     if path.name == "report.ipynb" and not os.environ.get(REPORT_DIR_ENV):
         _prepare_report_dir()
     if path.name == "compare.ipynb" and not os.environ.get(COMPARE_DIR_ENV):
         _prepare_compare_dir()
+    if path.name == "trace.ipynb" and not os.environ.get(TRACE_PATH_ENV):
+        _prepare_trace_dir()
 
 
 def pytest_unconfigure(config):

@@ -109,6 +109,20 @@ def ab_sweep(tmp_path_factory) -> Path:
     return out / "runs"
 
 
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory) -> Path:
+    """A real profiled training step (CPU, tiny MLP), made the way trace.ipynb tells a person to."""
+    out = tmp_path_factory.mktemp("profiled-run")
+    perfkit = Path(sys.executable).with_name("perfkit")
+    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_STATIC", "PERFKIT_CONTEXT")}
+    cp = subprocess.run([str(perfkit), "run", str(REPO / "notebooks" / "train_step.ipynb"), "--out", str(out),
+                         "-p", "model", "mlp", "-p", "steps", "5", "-p", "device", "cpu", "-p", "profile", "True"],
+                        env=env, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert list((out / "traces").rglob("rank0.json.gz")), f"no trace under {out}/traces"
+    return out
+
+
 def _copy_notebook(src: Path, root: Path, name: str | None = None, **params) -> str:
     """Copy a notebook into the lab's root, setting parameters in its parameters cell as a
     person would edit them."""
@@ -142,6 +156,8 @@ def _notebook_params(path: Path, request) -> dict:
         return {"results_dir": str(request.getfixturevalue("gemm_sweep"))}
     if path.name == "compare.ipynb":
         return {"base_dir": str(request.getfixturevalue("ab_sweep")), "base": "one"}
+    if path.name == "trace.ipynb":
+        return {"path": str(request.getfixturevalue("profiled_run"))}
     return {}
 
 

@@ -1,5 +1,5 @@
 """The standalone HTML report: an A/B sweep's comparison, every plot whose rows are present, the
-failures, the environment.
+profiled runs' traces (breakdowns and links), the failures, the environment.
 
 One page, bokeh resources inlined (it opens offline, e.g. copied off a cluster node). Text taken
 from data — labels, reasons, hostnames — is HTML-escaped before it reaches the page.
@@ -37,6 +37,9 @@ class Section:
     """Rows this section draws (an empty frame hides the section)."""
     build: Callable[[pd.DataFrame, pd.DataFrame], object]
     """(its rows, all rows) → a holoviews object, or :class:`Parts` (HTML text and plots)."""
+    links: bool = False
+    """``build`` also takes ``output=`` (the report file; None in a notebook) and ``results_dir=``,
+    to link files beside the rows (traces)."""
 
 
 def _workload(name: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
@@ -230,7 +233,15 @@ SECTIONS: list[Section] = [
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
     Section(title="Collective knob settings", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.knob_comparison(rows)),
+    Section(title="Traces", select=lambda df: _traces().traced_rows(df), links=True,
+            build=lambda rows, all_rows, **where: _traces().traces_section(rows, all_rows, **where)),
 ]
+
+
+def _traces():
+    from . import trace_report
+
+    return trace_report
 
 
 def _cell(value) -> str:
@@ -241,16 +252,18 @@ def _cell(value) -> str:
     return html.escape(str(value))
 
 
-def sections(df: pd.DataFrame) -> list[tuple[str, object]]:
+def sections(df: pd.DataFrame, *, output: str | Path | None = None,
+             results_dir: str | Path | None = None) -> list[tuple[str, object]]:
     """(title, holoviews object or :class:`Parts`) for every section whose rows ``df`` holds, in
-    report order.
+    report order; links to files are relative to ``output`` (the report file) when given.
 
     ``notebooks/report.ipynb`` displays these live; :func:`build_report` renders them to HTML."""
     out = []
     for section in SECTIONS:
         rows = section.select(df)
         if not rows.empty:
-            out.append((section.title, section.build(rows, df)))
+            where = {"output": output, "results_dir": results_dir} if section.links else {}
+            out.append((section.title, section.build(rows, df, **where)))
     return out
 
 
@@ -309,8 +322,10 @@ table.pk td,table.pk th{border:1px solid #ccc;padding:2px 6px;text-align:left}
 </style>"""
 
 
-def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
-    """A bokeh layout of the report for ``df`` (rows as :func:`perfkit.core.results.load` gives)."""
+def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str | Path | None = None,
+                 results_dir: str | Path | None = None):
+    """A bokeh layout of the report for ``df`` (rows as :func:`perfkit.core.results.load` gives);
+    ``output``/``results_dir``: where the page and the rows are, for links to trace files."""
     import holoviews as hv
     from bokeh.layouts import column
     from bokeh.models import Div
@@ -323,7 +338,7 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report"):
     parts = [Div(text=f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, "
                       f"{len(df)} rows ({summary}); generated {stamp}.</p>", sizing_mode="stretch_width")]
     shown = []
-    for title, obj in sections(df):
+    for title, obj in sections(df, output=output, results_dir=results_dir):
         shown.append(title)
         parts.append(Div(text=f"<h2>{html.escape(title)}</h2>"))
         for item in obj.items if isinstance(obj, Parts) else (obj,):
@@ -345,8 +360,8 @@ def write_report(directory: str | Path, output: str | Path, *, title: str | None
 
     df = load(directory)
     title = title or f"perfkit report: {Path(directory).resolve().name}"
-    layout = build_report(df, title=title)
     output = Path(output)
+    layout = build_report(df, title=title, output=output, results_dir=directory)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_suffix(output.suffix + ".tmp")
     page = file_html(layout, resources=INLINE, title=title)

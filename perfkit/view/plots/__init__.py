@@ -11,7 +11,8 @@ from .collectives import busbw_vs_size, knob_comparison
 from .compare import comparison_plot, comparison_table
 from .gemm import gemm_throughput
 from .roofline import roofline, roofline_static
+from .trace import temporal_plot, top_kernels_plot
 
 __all__ = ["gemm_throughput", "busbw_vs_size", "knob_comparison", "roofline", "roofline_static",
-           "comparison_plot", "comparison_table", "ceiling_lines", "display_scale", "format_si", "hv_bokeh",
-           "ok_rows"]
+           "comparison_plot", "comparison_table", "temporal_plot", "top_kernels_plot", "ceiling_lines",
+           "display_scale", "format_si", "hv_bokeh", "ok_rows"]
