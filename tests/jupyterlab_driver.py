@@ -11,6 +11,7 @@ JupyterLab is started with ``expose_app_in_browser`` so tests can run commands
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -96,6 +98,39 @@ def chromium_path() -> str | None:
         if path:
             return path
     return None
+
+
+@dataclass
+class ReportPage:
+    """A standalone HTML report open in headless Chromium, and what went wrong on it."""
+
+    page: object
+    errors: list[str] = field(default_factory=list)
+    """JavaScript errors the page raised."""
+    failed: list[str] = field(default_factory=list)
+    """URLs of requests that failed (an offline report makes none)."""
+
+
+@contextlib.contextmanager
+def report_page(report: Path, *, width: int = 1200, height: int = 1600):
+    """Open ``report`` in headless Chromium; the test skips, with the reason, without Chromium or
+    playwright. The browser closes when the block ends."""
+    import pytest
+
+    chromium = chromium_path()
+    if chromium is None:
+        pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            opened = ReportPage(page=browser.new_page(viewport={"width": width, "height": height}))
+            opened.page.on("pageerror", lambda exc: opened.errors.append(str(exc)))
+            opened.page.on("requestfailed", lambda r: opened.failed.append(r.url[:200]))
+            opened.page.goto(report.as_uri())
+            yield opened
+        finally:
+            browser.close()
 
 
 def _free_port() -> int:

@@ -191,24 +191,14 @@ def test_the_compare_notebook_folder_says_what_to_run(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_comparison_report_renders_in_a_real_browser(tmp_path):
-    from jupyterlab_driver import CHROMIUM_ARGS, chromium_path
+    from jupyterlab_driver import report_page
 
-    chromium = chromium_path()
-    if chromium is None:
-        pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
     report = write_report(_ab_dir(tmp_path / "ab"), tmp_path / "report.html")
-    errors, failed = [], []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1200, "height": 1600})
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("requestfailed", lambda r: failed.append(r.url[:200]))
-        page.goto(report.as_uri())
+    with report_page(report) as opened:
+        page = opened.page
         page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0", timeout=30_000)
         page.wait_for_timeout(1500)
         page.screenshot(path=str(Path(os.environ.get("PERFKIT_SCREENSHOT_DIR", tmp_path)) / "compare-report.png"),
                         full_page=True)
-        browser.close()
-    assert not errors, errors
-    assert not failed, failed
+    assert not opened.errors, opened.errors
+    assert not opened.failed, opened.failed

@@ -76,17 +76,20 @@ def shots(tmp_path_factory) -> Path:
     return out
 
 
+def _perfkit(*args: str, timeout_s: float = 300) -> None:
+    """Run the `perfkit` command as a person would (no test-only environment), asserting it succeeds."""
+    perfkit = Path(sys.executable).with_name("perfkit")
+    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_STATIC", "PERFKIT_CONTEXT")}
+    cp = subprocess.run([str(perfkit), *args], env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
 @pytest.fixture(scope="module")
 def gemm_sweep(tmp_path_factory) -> Path:
     """A real executed configuration (two dtypes, so the explorer has a dropdown choice)."""
     out = tmp_path_factory.mktemp("gemm-run")
-    perfkit = Path(sys.executable).with_name("perfkit")
-    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_STATIC", "PERFKIT_CONTEXT")}
-    cp = subprocess.run([str(perfkit), "run", str(REPO / "notebooks" / "gemm.ipynb"), "--out", str(out),
-                         "-p", "sizes", "[64, 128]", "-p", "dtypes", '["fp32", "bf16"]',
-                         "-p", "min_run_time_s", "0.05"],
-                        env=env, capture_output=True, text=True, timeout=300)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    _perfkit("run", str(REPO / "notebooks" / "gemm.ipynb"), "--out", str(out), "-p", "sizes", "[64, 128]",
+             "-p", "dtypes", '["fp32", "bf16"]', "-p", "min_run_time_s", "0.05")
     return out
 
 
@@ -101,11 +104,7 @@ def ab_sweep(tmp_path_factory) -> Path:
         "configs": [{}], "rounds": 2,
         "variants": [{"name": "one", "env": {"OMP_NUM_THREADS": "1"}}, {"name": "two", "env": {"OMP_NUM_THREADS": "2"}}],
     }))  # JSON is YAML
-    perfkit = Path(sys.executable).with_name("perfkit")
-    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_STATIC", "PERFKIT_CONTEXT")}
-    cp = subprocess.run([str(perfkit), "sweep", str(spec), "--out", str(out / "runs"), "--quiet"],
-                        env=env, capture_output=True, text=True, timeout=600)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    _perfkit("sweep", str(spec), "--out", str(out / "runs"), "--quiet", timeout_s=600)
     return out / "runs"
 
 
@@ -113,12 +112,8 @@ def ab_sweep(tmp_path_factory) -> Path:
 def profiled_run(tmp_path_factory) -> Path:
     """A real profiled training step (CPU, tiny MLP), made the way trace.ipynb tells a person to."""
     out = tmp_path_factory.mktemp("profiled-run")
-    perfkit = Path(sys.executable).with_name("perfkit")
-    env = {k: v for k, v in os.environ.items() if k not in ("PERFKIT_STATIC", "PERFKIT_CONTEXT")}
-    cp = subprocess.run([str(perfkit), "run", str(REPO / "notebooks" / "train_step.ipynb"), "--out", str(out),
-                         "-p", "model", "mlp", "-p", "steps", "5", "-p", "device", "cpu", "-p", "profile", "True"],
-                        env=env, capture_output=True, text=True, timeout=300)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    _perfkit("run", str(REPO / "notebooks" / "train_step.ipynb"), "--out", str(out), "-p", "model", "mlp",
+             "-p", "steps", "5", "-p", "device", "cpu", "-p", "profile", "True")
     assert list((out / "traces").rglob("rank0.json.gz")), f"no trace under {out}/traces"
     return out
 

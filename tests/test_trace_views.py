@@ -302,22 +302,13 @@ def test_top_kernels_plot_is_one_bar_per_kernel_longest_on_top(traces):
 
 
 def test_traces_report_renders_in_a_real_browser_and_its_links_reach_the_files(profiled_ddp, tmp_path):
-    from jupyterlab_driver import CHROMIUM_ARGS, chromium_path
+    from jupyterlab_driver import report_page
 
     from perfkit.view.report import write_report
 
-    chromium = chromium_path()
-    if chromium is None:
-        pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
     report = write_report(profiled_ddp, tmp_path / "out" / "report.html")  # links climb out of out/
-    errors, failed = [], []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1200, "height": 1600})
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("requestfailed", lambda r: failed.append(r.url[:200]))
-        page.goto(report.as_uri())
+    with report_page(report) as opened:
+        page = opened.page
         walk = """(root) => Array.from(root.querySelectorAll('*')).flatMap(
             el => [...(el.tagName === 'A' ? [el.href] : []), ...(el.shadowRoot ? walk(el.shadowRoot) : [])])"""
         links = f"() => {{ const walk = {walk}; return walk(document).filter(h => h.endsWith('.json.gz')); }}"
@@ -326,8 +317,7 @@ def test_traces_report_renders_in_a_real_browser_and_its_links_reach_the_files(p
         page.wait_for_timeout(1000)
         page.screenshot(path=str(Path(os.environ.get("PERFKIT_SCREENSHOT_DIR", tmp_path)) / "traces-report.png"),
                         full_page=True)
-        browser.close()
-    assert not errors, errors
-    assert not failed, failed
+    assert not opened.errors, opened.errors
+    assert not opened.failed, opened.failed
     files = sorted(Path(h.removeprefix("file://")) for h in hrefs)
     assert [f.name for f in files] == ["rank0.json.gz", "rank1.json.gz"] and all(f.is_file() for f in files), hrefs
