@@ -52,9 +52,19 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (non-reentrant checkpoint)."""
     parallelism: str = "none"
-    """``none`` (one process), ``ddp``, ``fsdp`` (FSDP2 ``fully_shard``) or ``tp``."""
+    """``none`` (one process), ``ddp``, ``tp``, the ZeRO stages ``zero1`` (DDP +
+    ``ZeroRedundancyOptimizer``), ``zero2`` (FSDP2 without resharding after forward), ``zero3``
+    (FSDP2; ``fsdp`` is its alias) or ``fsdp_tp`` (FSDP2 × TP on a ``(dp, tp)`` mesh)
+    (:mod:`perfkit.measuring.parallel`)."""
     world_size: int = 1
     """Ranks; 1 with ``none``."""
+    dp_degree: int | None = None
+    """Data-parallel ranks (the batch splits over them). None: what the parallelism implies
+    (world_size for ddp/zero*/fsdp, 1 for none/tp, world_size // tp_degree for fsdp_tp; the
+    resolved value is :attr:`dp_size`); a value that contradicts it is rejected."""
+    tp_degree: int | None = None
+    """Tensor-parallel ranks. None: world_size for tp, world_size // dp_degree for fsdp_tp, 1
+    otherwise. Under fsdp_tp, dp_degree · tp_degree = world_size."""
     device: str = "auto"
     """``cpu``, ``cuda`` (also ROCm) or ``auto`` (cuda when available)."""
     bucket_cap_mb: float = 25.0
@@ -65,8 +75,10 @@ class TrainConfig:
     """DDP: the set of used parameters never changes (allows more overlap)."""
     comm_hook: str = "none"
     """DDP gradient compression: ``none``, ``fp16`` or ``bf16`` (NCCL only)."""
-    reshard_after_forward: bool = True
-    """FSDP2: free gathered block parameters after forward (all-gather again in backward)."""
+    reshard_after_forward: bool | None = None
+    """FSDP2: free gathered block parameters after forward (all-gather again in backward). None:
+    the stage's (True for zero3/fsdp/fsdp_tp, False for zero2); zero2 with True or zero3 with
+    False is rejected (``fsdp`` and ``fsdp_tp`` take either). Ignored without FSDP2."""
     fsdp_param_dtype: str | None = None
     """FSDP2 mixed precision: dtype of the gathered parameters (``bfloat16``, ...)."""
     fsdp_reduce_dtype: str | None = None
@@ -101,7 +113,7 @@ class TrainConfig:
         object.__setattr__(self, "model_size", dict(self.model_size))
         _check_choice("model", self.model, workloads.NAMES)
         _check_choice("precision", self.precision, PRECISIONS)
-        _check_choice("parallelism", self.parallelism, ("none", "ddp", "fsdp", "tp"))
+        _check_choice("parallelism", self.parallelism, parallel.PARALLELISMS)
         _check_choice("device", self.device, ("auto", "cpu", "cuda"))
         _check_choice("comm_hook", self.comm_hook, ("none", "fp16", "bf16"))
         if set(self.model_size) & set(_OWN_SIZE_KEYS):
@@ -114,13 +126,17 @@ class TrainConfig:
                 f"need 0 <= warmup_steps < steps, got {self.warmup_steps}, {self.steps}")
         if self.parallelism == "none" and self.world_size != 1:
             raise BadInputError("parallelism 'none' runs one process: world_size must be 1")
-        if self.parallelism in ("ddp", "fsdp") and self.batch_size % self.world_size:
+        self._check_reshard()
+        if self.batch_size % self.dp_size:
             raise BadInputError(f"batch_size {self.batch_size} does not split over "
-                                f"{self.world_size} data-parallel ranks")
+                                f"{self.dp_size} data-parallel ranks")
         if self.compile_mode is not None and not self.compile:
             raise BadInputError("compile_mode is set but compile is False")
-        if self.comm_hook != "none" and self.parallelism != "ddp":
-            raise BadInputError("comm_hook applies to parallelism 'ddp' only")
+        if self.comm_hook != "none" and self.parallelism not in ("ddp", "zero1"):
+            raise BadInputError("comm_hook applies to the DDP parallelisms 'ddp' and 'zero1' only")
+        if ((self.fsdp_param_dtype or self.fsdp_reduce_dtype)
+                and self.parallelism not in parallel.FSDP_FAMILY):
+            raise BadInputError(f"fsdp_param_dtype/fsdp_reduce_dtype apply to {parallel.FSDP_FAMILY} only")
         if not self.lr > 0 or (self.address_space_headroom_bytes or 1) < 1:
             raise BadInputError("lr and address_space_headroom_bytes must be positive")
         if not self.data_delay_s >= 0:
@@ -129,8 +145,52 @@ class TrainConfig:
             raise BadInputError(f"profile needs steps ≥ warmup_steps + 1 + profile_active_steps "
                                 f"({self.warmup_steps} + 1 + {self.profile_active_steps}), got steps={self.steps}")
         spec = workload_spec(self)  # unknown or bad size names fail here, before any work
-        if self.parallelism == "tp":
-            _check_tp(spec, self.world_size)
+        if self.parallelism in ("tp", "fsdp_tp"):
+            _check_tp(spec, self.tp_size)
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: ``dp_degree``, or what the parallelism implies."""
+        return self._layout()[0]
+
+    @property
+    def tp_size(self) -> int:
+        """Tensor-parallel ranks: ``tp_degree``, or what the parallelism implies."""
+        return self._layout()[1]
+
+    @property
+    def reshard(self) -> bool:
+        """FSDP2's ``reshard_after_forward``: as set, else the stage's (False for zero2 only)."""
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.parallelism != "zero2"
+
+    def _layout(self) -> tuple[int, int]:
+        """(dp, tp) ranks; raises BadInputError when dp_degree/tp_degree contradict the parallelism."""
+        p, n, dp, tp = self.parallelism, self.world_size, self.dp_degree, self.tp_degree
+        for name, value in (("dp_degree", dp), ("tp_degree", tp)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise BadInputError(f"{name} must be a positive int or None, got {value!r}")
+        if p == "fsdp_tp":
+            if dp is None and tp is None:
+                raise BadInputError("fsdp_tp needs tp_degree (or dp_degree): how the world_size "
+                                    "ranks form the (dp, tp) mesh")
+            dp = dp if dp is not None else n // tp
+            tp = tp if tp is not None else n // dp
+            if dp * tp != n:
+                raise BadInputError(f"fsdp_tp: dp_degree {dp} × tp_degree {tp} must equal world_size {n}")
+            return dp, tp
+        implied = {"none": (1, 1), "tp": (1, n)}.get(p, (n, 1))
+        if (dp is not None and dp != implied[0]) or (tp is not None and tp != implied[1]):
+            raise BadInputError(f"parallelism {p!r} on {n} ranks means dp_degree {implied[0]}, "
+                                f"tp_degree {implied[1]}; got {dp}, {tp} (set them with fsdp_tp)")
+        return implied
+
+    def _check_reshard(self) -> None:
+        p, raf = self.parallelism, self.reshard_after_forward
+        if (p, raf) in (("zero2", True), ("zero3", False)):
+            raise BadInputError(f"{p} means reshard_after_forward={not raf}; leave it None "
+                                "(fsdp and fsdp_tp take either)")
 
     def as_dict(self) -> dict:
         """JSON-ready fields (what :func:`train_rank` takes)."""
@@ -221,5 +281,5 @@ def check_supported(cfg: TrainConfig) -> None:
             import torchao.float8  # noqa: F401
         except ImportError:
             raise ConfigurationSkipped("fp8 training needs torchao (torchao.float8)") from None
-    if cfg.parallelism == "ddp":
+    if cfg.parallelism in ("ddp", "zero1"):
         parallel.check_comm_hook(cfg.comm_hook, "nccl" if device == "cuda" else "gloo")

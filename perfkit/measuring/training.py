@@ -3,9 +3,10 @@
 A seeded synthetic task from :mod:`perfkit.measuring.workloads` (``mlp`` regression, ``transformer``
 next-token prediction, ``convnet`` classification) runs ``steps`` optimizer steps; every step
 after ``warmup_steps`` is timed between device synchronizations and kept as a raw sample. The
-global batch is the same whatever the parallelism: DDP and FSDP split it across ranks, tensor
-parallel gives every rank all of it, so a parallel run follows the single-process loss
-trajectory (up to floating-point reassociation).
+global batch is the same whatever the parallelism: DDP, FSDP and the ZeRO stages split it across
+ranks, tensor parallel gives every rank all of it, FSDP × TP splits it over the ``dp`` ranks of
+its mesh, so a parallel run follows the single-process loss trajectory (up to floating-point
+reassociation).
 
 The row (``workload = "train_step"``) holds the step time (median, IQR, raw samples), samples/s
 and tokens/s, peak memory, the loss trajectory, and MFU beside the counted-FLOP utilisation
@@ -13,7 +14,14 @@ and tokens/s, peak memory, the loss trajectory, and MFU beside the counted-FLOP 
 :class:`perfkit.measuring.counting.OpCounter` around the forward and backward of the first warm-up step
 (the optimizer step is left out, as it is from the analytic model FLOP), so counting costs no
 timed step and changes no number; under tensor parallel and torch.compile nothing is counted
-(NaN, with the reason in ``counted_flop_reason``).
+(NaN, with the reason in ``counted_flop_reason``). The same counted step gives the collectives
+its forward and backward issued (``all_gather_calls_per_step``, ``reduce_scatter_calls_per_step``,
+``all_reduce_calls_per_step``: c10d ops seen by the dispatch-level counter on rank 0).
+
+Memory per rank (:mod:`perfkit.measuring.memory_model`): the parameter, gradient and optimizer-state
+bytes each rank holds after the last step (``param_bytes``, ``grad_bytes``, ``optim_state_bytes``,
+the max over ranks) beside their ``_predicted`` values, ``model_state_bytes_predicted`` and
+``activation_bytes_predicted``; ``peak_mem_bytes`` is the CUDA allocator's peak on a GPU.
 
 The configuration and the device-support check are in :mod:`perfkit.measuring.train_config`.
 Entry points: :func:`train_step_benchmark` (this process), :func:`train_rank` (a
@@ -44,7 +52,7 @@ from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.core.status import OK, OOM, SKIPPED, status_for_error
 from perfkit.core.timing import Measurement
-from perfkit.measuring import parallel, trace_capture, workloads
+from perfkit.measuring import memory_model, parallel, trace_capture, workloads
 from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "find_max_batch_size",
@@ -81,14 +89,19 @@ def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloa
         from torchao.float8 import convert_to_float8_training
 
         convert_to_float8_training(model)
-    if cfg.parallelism == "ddp":
+    if cfg.parallelism in ("ddp", "zero1"):
         model = parallel.wrap_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb,
                                   gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                                   static_graph=cfg.static_graph, comm_hook=cfg.comm_hook)
-    elif cfg.parallelism == "fsdp":
-        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard_after_forward,
+    elif cfg.parallelism in ("fsdp", "zero2", "zero3"):
+        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard,
                                     param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
                                     reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
+    elif cfg.parallelism == "fsdp_tp":
+        model = parallel.apply_fsdp_tp(model, dp_degree=cfg.dp_size, tp_degree=cfg.tp_size,
+                                       reshard_after_forward=cfg.reshard,
+                                       param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
+                                       reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
     elif cfg.parallelism == "tp":
         model = parallel.apply_tp(model)
     if cfg.compile:
@@ -118,7 +131,7 @@ def _count_reason(cfg: TrainConfig) -> str | None:
     if cfg.compile:
         # Compiled kernels run below the dispatcher: the counter would see a fraction of the ops.
         return "not counted under torch.compile (fused kernels bypass the dispatch-level counter)"
-    if cfg.parallelism == "tp":
+    if cfg.parallelism in ("tp", "fsdp_tp"):
         # Above DTensor's dispatch the counter sees sharded-weight matmuls at their global shape
         # and the ops between them at shard shape: neither one rank's count nor the sum is exact.
         return "not counted under tensor parallel (DTensor ops mix global and shard shapes)"
@@ -137,7 +150,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     info = detect(str(device))
     model, work = _prepare(cfg, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism, lr=cfg.lr)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
@@ -181,9 +194,10 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             profiler.step()
     losses_t = torch.stack(losses)
     if ctx.dp_size > 1:  # the global-batch loss is the mean of the equal-sized slices' losses
-        torch.distributed.all_reduce(losses_t)
-        losses_t /= ctx.dp_size
+        torch.distributed.all_reduce(losses_t)  # each slice's loss, once per rank that holds it
+        losses_t /= ctx.world_size
     peak, peak_kind = _peak_mem_bytes(device)
+    held = memory_model.measured_model_state(model, optimizer)
     uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
     return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
             "data_time_samples_s": data_s, "trace_path": str(profiler.path) if profiler.path else None,
@@ -192,11 +206,25 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "n_params_non_embedding": work.n_params_non_embedding,
             "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
             "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
+            "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
+            "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
             "uncounted_ops": uncounted, "device": device.type, "device_kind": info.kind,
             "device_name": info.name, "grad_scale": scaler.get_scale() if scaler else math.nan,
             # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
             "device_compute_units": info.compute_units,
             "cpu_share": cpu_share().as_dict() if device.type == "cpu" else None}
+
+
+_COLLECTIVES = {"all_gather": ("allgather",), "reduce_scatter": ("reduce_scatter",),
+                "all_reduce": ("allreduce",)}
+
+
+def _collective_calls(counted) -> dict[str, int] | None:
+    """Calls per collective kind among the c10d ops of the counted step (None: not counted)."""
+    if counted is None:
+        return None
+    ops = [op for op in counted["op"] if op.startswith("c10d.")]
+    return {kind: sum(any(k in op for k in keys) for op in ops) for kind, keys in _COLLECTIVES.items()}
 
 
 def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
@@ -257,6 +285,8 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
         "trace_reason": first["trace_reason"],
         **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
+        **memory_model.row_columns(cfg, rank_results), "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
+        **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
     }
 
 
@@ -296,7 +326,7 @@ def train_rank(config: dict) -> dict:
     check_supported(cfg)
     if cfg.address_space_headroom_bytes is not None:
         _cap_address_space(cfg.address_space_headroom_bytes)
-    return _run(cfg, parallel.dist_context(cfg.parallelism))
+    return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
 
 
 def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
@@ -340,18 +370,25 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
 
 
 def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: float = 600.0,
-                        multiple_of: int | None = None) -> dict:
+                        multiple_of: int | None = None, memory_budget_bytes: int | None = None) -> dict:
     """Largest global batch in [start, limit] that trains without OOM: double from ``start``
     until a run OOMs (or ``limit``), then bisect between the last fit and the first OOM down to
     ``multiple_of`` (default: the data-parallel size). On CPU set
     ``address_space_headroom_bytes``, or the kernel's OOM killer ends the search instead.
 
-    Returns ``max_batch_size`` (None if ``start`` does not fit), ``probes`` (batch size, status)
-    and ``stopped_by`` (a row whose status was neither ok nor oom, else None).
+    Returns ``max_batch_size`` (None if ``start`` does not fit), ``probes`` (batch size, status),
+    ``stopped_by`` (a row whose status was neither ok nor oom, else None) and, beside the measured
+    edge, ``max_batch_size_predicted`` by :func:`perfkit.measuring.memory_model.predicted_max_batch`
+    for ``memory_budget_bytes`` per rank (default: the address-space headroom, else the GPU's
+    memory; None without a budget) and the ``memory_budget_bytes`` it used.
     """
-    step = multiple_of or (cfg.world_size if cfg.parallelism in ("ddp", "fsdp") else 1)
+    step = multiple_of or cfg.dp_size
     if not 1 <= start <= limit or start % step or step < 1:
         raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
+    budget = memory_budget_bytes or cfg.address_space_headroom_bytes or (
+        torch.cuda.get_device_properties(0).total_memory if config_device(cfg) == "cuda" else None)
+    predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
+        cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget}
     probes: list[tuple[int, str]] = []
 
     def fits(batch: int) -> bool | dict:
@@ -363,7 +400,7 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     while True:
         verdict = fits(batch)
         if isinstance(verdict, dict):
-            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict}
+            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict, **predicted}
         if not verdict:
             bad = batch
             break
@@ -379,9 +416,9 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
             break
         verdict = fits(mid)
         if isinstance(verdict, dict):
-            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict}
+            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict, **predicted}
         good, bad = (mid, bad) if verdict else (good, mid)
-    return {"max_batch_size": good, "probes": probes, "stopped_by": None}
+    return {"max_batch_size": good, "probes": probes, "stopped_by": None, **predicted}
 
 
 class OutOfMemoryError(ExecutionFailed):

@@ -1,0 +1,256 @@
+"""The memory a training configuration needs per rank, predicted from shapes, and measured.
+
+**Model state** (parameters, gradients, optimizer state) follows the ZeRO paper's accounting
+(Rajbhandari et al. 2020, section 3.1: mixed-precision Adam holds (2 + 2 + K)·Ψ bytes for Ψ
+parameters, K = 12: fp16 parameters and gradients, fp32 master weights, momentum and variance),
+generalised to perfkit's precisions, whose autocast keeps the fp32 weights as the only copy:
+
+==================== ======= ====== ======================= ==========================
+precision            param   grad   AdamW state             per Ψ (paper: 16)
+==================== ======= ====== ======================= ==========================
+fp32, tf32, fp8      4       4      8 (exp_avg, exp_avg_sq)  16 (fp8: torchao keeps fp32
+bf16, fp16 autocast  4       4      8                        weights, casts per matmul)
+bf16-pure            2       2      4 (state in bf16)        8
+==================== ======= ====== ======================= ==========================
+
+plus AdamW's ``step``, one fp32 scalar per parameter tensor the optimizer updates. Sharding
+(section 5): ZeRO-1 (``zero1``) divides the optimizer state over the data-parallel ranks,
+ZeRO-2 the gradients too, ZeRO-3 (``zero3``, ``fsdp``, ``fsdp_tp``) the parameters too. The
+prediction is of the exact shards, not Ψ/N: FSDP2 gives rank 0 ``ceil(dim0/N)`` rows of every
+parameter (the most of any rank), ZeroRedundancyOptimizer assigns whole parameters, largest
+first, to the least-loaded rank (torch's ``_partition_parameters``), and tensor parallel first
+splits the planned projections (``model.tp_plan()``). What is predicted is what each rank holds
+**between steps**. FSDP2 (``zero2``, ``zero3``, ``fsdp``) keeps sharded parameters at rest even
+in ZeRO-2 and gathers them during the step: ``param_gather_bytes`` is that transient (zero2:
+every block's unsharded parameters from its forward to its backward; zero3: two blocks', the
+one computing and the one prefetched).
+
+**Activations**: the tensors autograd saves in forward for backward, counted per model from its
+shapes (the method of Korthikanti et al. 2022, section 4.1, for this code: no dropout, and CPU/
+flash SDPA saves q, k, v, its output and the logsumexp, never the T×T scores; the per-block
+count is 4 + (4 + 2·mlp_ratio)/tp elements per token and d_model unit), at 4 bytes per
+element in fp32/tf32/fp8 and 2 in bf16/fp16/bf16-pure; norm statistics, logsumexp and the fp32
+loss inputs at 4, token indices at 8. With activation checkpointing each block keeps its input
+only, and one block's activations are recomputed at a time in backward. Not counted: transient
+buffers (activation gradients in backward, autocast's weight copies), the allocator's caching
+and fragmentation. ``convnet`` has no activation model (NaN, with the reason).
+
+**Measured** (:func:`measured_model_state`): the sizes of the tensors a rank holds after the last
+step, ``numel · element_size`` of each local shard (DTensor ``to_local()``), for parameters,
+``.grad`` and every tensor of the optimizer state (ZeroRedundancyOptimizer: its local optimizer's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from perfkit.core.errors import BadInputError
+
+__all__ = ["BYTES_PER_PARAM", "ModelState", "predict_model_state", "local_param_shapes",
+           "predict_for_config", "activation_bytes", "measured_model_state", "predicted_max_batch",
+           "row_columns"]
+
+#: precision -> bytes per parameter element of (parameter, gradient, AdamW state).
+BYTES_PER_PARAM = {"fp32": (4, 4, 8), "tf32": (4, 4, 8), "fp8": (4, 4, 8), "bf16": (4, 4, 8),
+                   "fp16": (4, 4, 8), "bf16-pure": (2, 2, 4)}
+_STEP_BYTES = 4  # AdamW's `step`: an fp32 scalar tensor per parameter (not capturable/fused)
+#: parallelism -> what it shards over the data-parallel ranks between steps.
+_SHARDED = {"none": set(), "ddp": set(), "tp": set(), "zero1": {"optim"},
+            "zero2": {"optim", "grad", "param"}, "zero3": {"optim", "grad", "param"},
+            "fsdp": {"optim", "grad", "param"}, "fsdp_tp": {"optim", "grad", "param"}}
+
+
+@dataclass(kw_only=True, frozen=True)
+class ModelState:
+    """Bytes of model state on one rank (the rank that holds the most)."""
+
+    param_bytes: int
+    grad_bytes: int
+    optim_state_bytes: int
+    param_gather_bytes: int = 0
+    """Predicted only: parameters FSDP2 holds unsharded during a step, beyond the shards."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Parameters, gradients and optimizer state (what the ZeRO paper calls model states)."""
+        return self.param_bytes + self.grad_bytes + self.optim_state_bytes
+
+
+def _fsdp_shard(shape: Sequence[int], n: int) -> int:
+    # FSDP2 chunks dim 0 like torch.chunk: rank 0 gets ceil(dim0 / n) rows, the most of any rank.
+    if not shape:
+        return 1
+    return math.ceil(shape[0] / n) * math.prod(shape[1:])
+
+
+def _zero1_max_share(numels: Sequence[int], n: int) -> tuple[int, int]:
+    """(elements, tensors) of the rank ZeroRedundancyOptimizer gives the most elements."""
+    sizes, counts = [0] * n, [0] * n
+    for numel in sorted(numels, reverse=True):
+        rank = sizes.index(min(sizes))
+        sizes[rank] += numel
+        counts[rank] += 1
+    top = sizes.index(max(sizes))
+    return sizes[top], counts[top]
+
+
+def predict_model_state(param_shapes: Sequence[Sequence[int]], *, precision: str,
+                        parallelism: str, dp_size: int, reshard_after_forward: bool = True,
+                        block_param_shapes: Sequence[Sequence[Sequence[int]]] = ()) -> ModelState:
+    """Model state per rank for parameters of ``param_shapes`` (each as this rank holds it
+    before data-parallel sharding, i.e. after tensor parallel). ``block_param_shapes`` (the
+    shapes of each block's parameters) sizes FSDP2's transient gathers."""
+    if precision not in BYTES_PER_PARAM:
+        raise BadInputError(f"precision must be one of {sorted(BYTES_PER_PARAM)}, got {precision!r}")
+    if parallelism not in _SHARDED:
+        raise BadInputError(f"parallelism must be one of {sorted(_SHARDED)}, got {parallelism!r}")
+    if dp_size < 1:
+        raise BadInputError(f"dp_size must be >= 1, got {dp_size}")
+    p_bytes, g_bytes, o_bytes = BYTES_PER_PARAM[precision]
+    sharded = _SHARDED[parallelism] if dp_size > 1 else set()
+    full = [math.prod(s) for s in param_shapes]
+    fsdp = [_fsdp_shard(s, dp_size) for s in param_shapes]
+    if "optim" in sharded and "param" not in sharded:  # zero1: whole parameters per rank
+        optim_elems, optim_tensors = _zero1_max_share(full, dp_size)
+    else:
+        optim_elems, optim_tensors = sum(fsdp if sharded else full), len(full)
+    gather = 0
+    if "param" in sharded:
+        blocks = [sum(math.prod(s) - _fsdp_shard(s, dp_size) for s in b) for b in block_param_shapes]
+        if blocks:
+            gather = sum(blocks) if not reshard_after_forward else sum(sorted(blocks)[-2:])
+    return ModelState(
+        param_bytes=p_bytes * sum(fsdp if "param" in sharded else full),
+        grad_bytes=g_bytes * sum(fsdp if "grad" in sharded else full),
+        optim_state_bytes=o_bytes * optim_elems + _STEP_BYTES * optim_tensors,
+        param_gather_bytes=p_bytes * gather)
+
+
+def local_param_shapes(model: nn.Module, tp_size: int) -> list[tuple[int, ...]]:
+    """Each parameter's shape on one rank after tensor parallel over ``tp_size`` ranks with
+    ``model.tp_plan()``: colwise splits weight and bias by output features (dim 0), rowwise the
+    weight by input features (dim 1) and keeps the bias whole."""
+    plan = model.tp_plan() if tp_size > 1 else {}
+    shapes = []
+    for name, p in model.named_parameters():
+        shape = list(p.shape)
+        module, _, kind = name.rpartition(".")
+        style = plan.get(module)
+        if style == "colwise" or (style == "rowwise" and kind == "weight"):
+            dim = 0 if style == "colwise" else 1
+            shape[dim] //= tp_size
+        shapes.append(tuple(shape))
+    return shapes
+
+
+def _meta_model(spec) -> nn.Module:
+    from perfkit.measuring.models import GPT, MLP, ConvNet
+
+    with torch.device("meta"):
+        return {"mlp": MLP, "transformer": GPT, "convnet": ConvNet}[spec.name](spec)
+
+
+def predict_for_config(cfg) -> ModelState:
+    """:func:`predict_model_state` for a :class:`~perfkit.measuring.train_config.TrainConfig`
+    (its model built on the meta device: no memory, no init)."""
+    from perfkit.measuring.train_config import workload_spec
+
+    model = _meta_model(workload_spec(cfg))
+    blocks = [local_param_shapes(b, 1) for b in getattr(model, "blocks", ())]
+    if cfg.tp_size > 1:  # block shapes after TP: the same plan, prefixed per block
+        shapes = dict(zip((n for n, _ in model.named_parameters()), local_param_shapes(model, cfg.tp_size)))
+        blocks = [[shapes[f"blocks.{i}.{n}"] for n, _ in b.named_parameters()]
+                  for i, b in enumerate(model.blocks)]
+    return predict_model_state(local_param_shapes(model, cfg.tp_size), precision=cfg.precision,
+                               parallelism=cfg.parallelism, dp_size=cfg.dp_size,
+                               reshard_after_forward=cfg.reshard, block_param_shapes=blocks)
+
+
+def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, str | None]:
+    """(predicted saved-activation bytes per rank, None) for ``cfg``, or (NaN, why not); see the
+    module docstring for what is counted."""
+    from perfkit.measuring.train_config import workload_spec
+
+    spec = workload_spec(cfg)
+    b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
+    e = 2 if cfg.precision in ("bf16", "fp16", "bf16-pure") else 4
+    ckpt = cfg.activation_checkpointing
+    if spec.name == "mlp":
+        widths = [spec.in_features] + [spec.hidden_features] * (spec.depth - 1) + [spec.out_features]
+        # Each Linear saves its input, and a ReLU output is the next Linear's input (one tensor).
+        # Checkpointed, the inputs stay and one block's ReLU output is recomputed at a time.
+        inputs = [b * w * e for w in widths[:-1]]
+        blocks = sum(inputs) + (max([b * w * e for w in widths[1:-1]], default=0) if ckpt else 0)
+        # mse_loss saves its fp32 input and target.
+        return float(blocks + 2 * b * spec.out_features * 4), None
+    if spec.name == "transformer":
+        t, d, tp, v = spec.seq_len, spec.d_model, cfg.tp_size, spec.vocab_size
+        btd = b * t * d
+        # Per block: x, ln1 out, ln2 in, ln2 out whole; q, k, v, the SDPA output (out_proj's
+        # input: its head-merging reshape is a view, SDPA returns a (b, t, h, q) layout) and fc1
+        # out, GELU out (mlp_ratio·d each) split by TP; fp32 norm statistics (2 per token per
+        # LayerNorm) and logsumexp (1 per head and token).
+        block = (4 * btd + (4 * btd + 2 * spec.mlp_ratio * btd) // tp) * e \
+            + (4 * b * t + b * (spec.n_heads // tp) * t) * 4
+        # Checkpointed: every block's input, and one block recomputed (its input counted once).
+        layers = spec.n_layers * btd * e + block - btd * e if ckpt else spec.n_layers * block
+        # Token and position indices (int64), ln_f input and output, the fp32 log-softmax of the
+        # logits cross_entropy saves, and its int64 targets.
+        head = (b * t + t) * 8 + 2 * btd * e + 2 * b * t * 4 + b * t * v * 4 + b * t * 8
+        return float(layers + head), None
+    return math.nan, f"no activation model for {spec.name} (mlp and transformer have one)"
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors
+               if isinstance(t, torch.Tensor))
+
+
+def measured_model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> ModelState:
+    """What this rank holds now: parameters, ``.grad`` and optimizer state, local shards only."""
+    params = list(model.parameters())
+    local_optim = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's own AdamW
+    state = [v for s in local_optim.state.values() for v in s.values()]
+    return ModelState(param_bytes=_tensor_bytes(params),
+                      grad_bytes=_tensor_bytes(p.grad for p in params if p.grad is not None),
+                      optim_state_bytes=_tensor_bytes(state))
+
+
+def predicted_max_batch(cfg, budget_bytes: float, *, multiple_of: int = 1) -> int | None:
+    """The largest global batch (a multiple of ``multiple_of``) whose predicted model state,
+    FSDP2 gathers and activations fit ``budget_bytes`` per rank; None if none does or the
+    activations have no model."""
+    state = predict_for_config(cfg)
+    per_sample, _ = activation_bytes(cfg, batch_per_rank=1)
+    fixed, _ = activation_bytes(cfg, batch_per_rank=0)  # position indices: not per sample
+    per_sample -= fixed
+    free = budget_bytes - state.total_bytes - state.param_gather_bytes - fixed
+    if math.isnan(per_sample) or free < per_sample:
+        return None
+    # Activations grow with the per-rank batch, a dp_size-th of the global one.
+    batch = int(free // per_sample) * cfg.dp_size
+    return batch // multiple_of * multiple_of or None
+
+
+def row_columns(cfg, rank_results: list[dict]) -> dict:
+    """Training-row columns: each rank's measured model state (the max over ranks) beside the
+    prediction for ``cfg`` (a :class:`~perfkit.measuring.train_config.TrainConfig`)."""
+    predicted = predict_for_config(cfg)
+    activations, reason = activation_bytes(cfg)
+    return {
+        **{k: max(r[k] for r in rank_results) for k in ("param_bytes", "grad_bytes", "optim_state_bytes")},
+        "param_bytes_predicted": predicted.param_bytes, "grad_bytes_predicted": predicted.grad_bytes,
+        "optim_state_bytes_predicted": predicted.optim_state_bytes,
+        "model_state_bytes_predicted": predicted.total_bytes,
+        "param_gather_bytes_predicted": predicted.param_gather_bytes,
+        "activation_bytes_predicted": activations, "activation_bytes_reason": reason,
+    }

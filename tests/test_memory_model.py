@@ -1,0 +1,166 @@
+"""The memory model: the ZeRO paper's accounting per precision and stage, exact shards, activation
+estimates checked against the tensors autograd really saves, and the predicted largest batch.
+(Measured model state of real multi-rank runs against the model: tests/test_zero.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.measuring import memory_model as mm
+from perfkit.measuring import workloads
+from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
+from perfkit.measuring.training import find_max_batch_size
+
+PSI = 4 * 1024 * 1024  # four 1024×1024 matrices
+SQUARE = [(1024, 1024)] * 4
+
+
+@pytest.mark.parametrize("precision, per_param", [("fp32", 16), ("bf16", 16), ("fp16", 16),
+                                                  ("bf16-pure", 8)])
+def test_unsharded_adamw_holds_the_zero_papers_bytes_per_parameter(precision, per_param):
+    # (2 + 2 + K)·Ψ with K = 12 (Rajbhandari et al. 2020, 3.1) is 16 bytes per parameter; perfkit's
+    # autocast keeps fp32 weights as the master copy: 4 + 4 + 8, the same 16. bf16-pure: 2 + 2 + 4.
+    state = mm.predict_model_state(SQUARE, precision=precision, parallelism="ddp", dp_size=8)
+    assert state.total_bytes == per_param * PSI + 4 * len(SQUARE)  # + AdamW's fp32 step per tensor
+
+
+def test_each_stage_divides_what_it_shards_by_the_data_parallel_ranks():
+    def state(p):
+        return mm.predict_model_state(SQUARE, precision="fp32", parallelism=p, dp_size=4)
+
+    ddp = state("ddp")
+    assert (ddp.param_bytes, ddp.grad_bytes, ddp.optim_state_bytes) == (4 * PSI, 4 * PSI, 8 * PSI + 16)
+    z1 = state("zero1")  # one whole matrix per rank
+    assert (z1.param_bytes, z1.grad_bytes, z1.optim_state_bytes) == (4 * PSI, 4 * PSI, 2 * PSI + 4)
+    for stage in ("zero2", "zero3", "fsdp", "fsdp_tp"):  # FSDP2 holds shards between steps
+        s = state(stage)
+        assert (s.param_bytes, s.grad_bytes, s.optim_state_bytes) == (PSI, PSI, 2 * PSI + 16)
+    assert state("zero3").param_gather_bytes == 0  # no blocks given: nothing to gather
+    assert state("none") == mm.predict_model_state(SQUARE, precision="fp32", parallelism="ddp",
+                                                   dp_size=1)
+
+
+def test_shards_are_the_largest_rank_ones_not_psi_over_n():
+    # FSDP2: rank 0 holds ceil(5/2) = 3 of 5 rows; ZeRO-1: whole parameters, largest first to the
+    # least-loaded rank, so 16384 alone outweighs 8192 + 2048.
+    fsdp = mm.predict_model_state([(5, 3)], precision="fp32", parallelism="zero3", dp_size=2)
+    assert fsdp.param_bytes == 4 * 9
+    z1 = mm.predict_model_state([(128, 64), (128, 128), (16, 128)], precision="fp32",
+                                parallelism="zero1", dp_size=2)
+    assert z1.optim_state_bytes == 8 * 16384 + 4
+
+
+def test_zero2_gathers_every_block_and_zero3_two_at_a_time():
+    blocks = [[(64, 64)]] * 4
+    shapes = [s for b in blocks for s in b]
+    kw = dict(precision="fp32", dp_size=2, block_param_shapes=blocks)
+    z2 = mm.predict_model_state(shapes, parallelism="zero2", reshard_after_forward=False, **kw)
+    z3 = mm.predict_model_state(shapes, parallelism="zero3", **kw)
+    assert z2.param_gather_bytes == 4 * 4 * 2048 and z3.param_gather_bytes == 4 * 2 * 2048
+
+
+def test_tensor_parallel_shapes_follow_the_megatron_plan():
+    cfg = TrainConfig(model="transformer", seq_len=8, parallelism="tp", world_size=2, batch_size=2,
+                      model_size={"d_model": 32, "n_heads": 4, "vocab_size": 16, "n_layers": 1})
+    model = mm._meta_model(workload_spec(cfg))
+    shapes = dict(zip((n for n, _ in model.named_parameters()), mm.local_param_shapes(model, 2)))
+    assert shapes["blocks.0.attn.q_proj.weight"] == (16, 32)  # colwise: output features split
+    assert shapes["blocks.0.attn.out_proj.weight"] == (32, 16)  # rowwise: input features split
+    assert shapes["blocks.0.mlp.fc1.weight"] == (64, 32) and shapes["lm_head.weight"] == (16, 32)
+    assert shapes["blocks.0.ln1.weight"] == (32,)  # replicated
+
+
+def _saved_activation_bytes(cfg: TrainConfig) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves in one forward."""
+    work = workloads.build(workload_spec(cfg))
+    params = {p.untyped_storage().data_ptr() for p in work.model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    inputs, target = work.make_batch(cfg.batch_size, seed=0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = work.loss_fn(work.model(inputs).float(), target)
+    loss.backward()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(model="mlp", batch_size=64),
+    TrainConfig(model="transformer", batch_size=8, seq_len=32),
+    TrainConfig(model="transformer", batch_size=4, seq_len=16,
+                model_size={"d_model": 96, "n_heads": 6, "vocab_size": 200, "n_layers": 3}),
+], ids=["mlp", "transformer", "transformer-wide-vocab"])
+def test_activation_estimate_counts_what_autograd_saves(cfg):
+    predicted, reason = mm.activation_bytes(cfg)
+    assert reason is None
+    assert predicted == pytest.approx(_saved_activation_bytes(cfg), rel=0.02)
+
+
+def test_checkpointing_and_16_bit_activations_shrink_the_estimate():
+    base = TrainConfig(model="transformer", batch_size=8, seq_len=32, model_size={"n_layers": 4})
+    full = mm.activation_bytes(base)[0]
+    assert mm.activation_bytes(TrainConfig(**{**base.as_dict(), "activation_checkpointing": True}))[0] < 0.6 * full
+    assert mm.activation_bytes(TrainConfig(**{**base.as_dict(), "precision": "bf16"}))[0] < 0.75 * full
+    nan, reason = mm.activation_bytes(TrainConfig(model="convnet"))
+    assert math.isnan(nan) and "convnet" in reason
+
+
+def test_predicted_max_batch_is_the_edge_of_the_budget():
+    cfg = TrainConfig(model="mlp", parallelism="zero2", world_size=2, batch_size=2,
+                      model_size={"hidden_features": 1024})
+    budget = 64 * 2**20
+    best = mm.predicted_max_batch(cfg, budget, multiple_of=2)
+    state = mm.predict_for_config(cfg)
+
+    def need(batch):
+        return state.total_bytes + state.param_gather_bytes + mm.activation_bytes(cfg, batch_per_rank=batch // 2)[0]
+
+    assert need(best) <= budget < need(best + 2)
+    assert mm.predicted_max_batch(cfg, state.total_bytes, multiple_of=2) is None  # nothing left
+
+
+def test_find_max_batch_size_reports_the_predicted_edge_beside_the_measured_one():
+    cfg = TrainConfig(model="mlp", steps=1, warmup_steps=0)
+    found = find_max_batch_size(cfg, start=8, limit=8, memory_budget_bytes=2**24)
+    assert found["max_batch_size"] == 8 and found["memory_budget_bytes"] == 2**24
+    assert found["max_batch_size_predicted"] == mm.predicted_max_batch(cfg, 2**24)
+    assert found["max_batch_size_predicted"] > 8
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"parallelism": "zero2", "world_size": 2, "reshard_after_forward": True}, "zero2"),
+    ({"parallelism": "zero3", "world_size": 2, "reshard_after_forward": False}, "zero3"),
+    ({"parallelism": "fsdp_tp", "world_size": 4}, "tp_degree"),
+    ({"parallelism": "fsdp_tp", "world_size": 4, "tp_degree": 3}, "world_size"),
+    ({"parallelism": "fsdp_tp", "world_size": 4, "dp_degree": 2, "tp_degree": 4}, "world_size"),
+    ({"parallelism": "ddp", "world_size": 2, "dp_degree": 1}, "dp_degree"),
+    ({"parallelism": "zero1", "world_size": 4, "batch_size": 6}, "split"),
+    ({"parallelism": "fsdp_tp", "world_size": 4, "tp_degree": 2, "batch_size": 3}, "split"),
+    ({"parallelism": "ddp", "world_size": 2, "fsdp_param_dtype": "bfloat16"}, "fsdp_param_dtype"),
+    ({"parallelism": "zero2", "world_size": 2, "comm_hook": "fp16"}, "comm_hook"),
+    ({"model": "convnet", "parallelism": "fsdp_tp", "world_size": 4, "tp_degree": 2}, "tensor-parallel"),
+    ({"model": "mlp", "parallelism": "fsdp_tp", "world_size": 4, "tp_degree": 4,
+      "model_size": {"hidden_features": 6}}, "divisible"),
+    ({"parallelism": "zero4", "world_size": 2}, "parallelism"),
+])
+def test_impossible_parallel_layouts_are_rejected_before_any_work(kwargs, words):
+    with pytest.raises(BadInputError, match=words):
+        TrainConfig(**{"batch_size": 8, **kwargs})
+
+
+def test_layouts_resolve_from_the_parallelism():
+    assert (TrainConfig(parallelism="zero1", world_size=2).dp_size, TrainConfig(parallelism="tp", world_size=2).tp_size) == (2, 2)
+    cfg = TrainConfig(parallelism="fsdp_tp", world_size=4, dp_degree=2)
+    assert (cfg.dp_size, cfg.tp_size, cfg.reshard) == (2, 2, True)
+    assert not TrainConfig(parallelism="zero2", world_size=2).reshard
+    with pytest.raises(ConfigurationSkipped, match="NCCL"):  # zero1 is DDP: its hooks, its limits
+        check_supported(TrainConfig(parallelism="zero1", world_size=2, comm_hook="bf16", device="cpu"))
