@@ -1,0 +1,54 @@
+"""Pipeline-parallel plots: the bubble fraction against microbatches, one colour per schedule.
+
+Rows are :func:`perfkit.measuring.pipeline.run_pipeline` rows (``parallelism == "pp"``), reduced by
+:func:`perfkit.analyse.pipeline_bubble.bubble_table`. Measured bubbles are points, joined by a
+solid line; the prediction (Narayanan et al., SC'21, section 2.2) is a dashed line, absent where
+it has no closed form (the zero-bubble schedules).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from perfkit.analyse.pipeline_bubble import bubble_table
+
+from ._common import hv_bokeh
+
+__all__ = ["bubble_vs_microbatches"]
+
+
+def _series(table: pd.DataFrame) -> pd.Series:
+    label = table["pp_schedule"].astype(str) + " p=" + table["world_size"].astype(int).astype(str)
+    interleaved = table["stages_per_rank"].astype(int) > 1
+    return label.where(~interleaved, label + " v=" + table["stages_per_rank"].astype(int).astype(str))
+
+
+def bubble_vs_microbatches(df: pd.DataFrame):
+    """Measured (points, solid) and predicted (dashed) bubble fraction vs microbatches per step."""
+    hv = hv_bokeh()
+    table = bubble_table(df)
+    if table.empty:
+        return hv.Div("<p>No pipeline rows (parallelism pp) with status ok.</p>")
+    table = table.assign(series=_series(table), bubble_pct=100 * table["bubble_fraction"],
+                         predicted_pct=100 * table["bubble_fraction_predicted"].astype(float))
+    hover = [("schedule", "@series"), ("microbatches", "@n_microbatches"),
+             ("measured bubble", "@bubble_pct{0.0} %"), ("predicted", "@predicted_pct{0.0} %"),
+             ("median step", "@step_time_s{0.0000} s")]
+    vdims = ["series", "predicted_pct", "step_time_s"]
+    elements = []
+    for series, group in table.groupby("series", sort=True):
+        group = group.sort_values("n_microbatches")
+        measured = group[["n_microbatches", "bubble_pct", *vdims]]
+        elements.append(hv.Curve(measured, "n_microbatches", ["bubble_pct", *vdims], label=series))
+        elements.append(hv.Scatter(measured, "n_microbatches", ["bubble_pct", *vdims], label=series).opts(
+            tools=["hover"], hover_tooltips=hover, size=8))
+        predicted = group[group["predicted_pct"].notna()]
+        if not predicted.empty:
+            elements.append(hv.Curve(predicted[["n_microbatches", "predicted_pct", "series"]],
+                                     "n_microbatches", ["predicted_pct", "series"],
+                                     label=f"{series} predicted").opts(line_dash="dashed"))
+    return hv.Overlay(elements).opts(
+        hv.opts.Curve(ylabel="bubble (% of the pipeline step)"),
+        hv.opts.Overlay(title="Pipeline bubble (points: measured; dashed: (p−1)/(v·m+p−1))",
+                        xlabel="microbatches per step", ylabel="bubble (% of the pipeline step)",
+                        logx=True, width=760, height=400, legend_position="top_right", show_grid=True))
