@@ -19,7 +19,7 @@ Experiments (``--experiments``, default all):
 Prints, per experiment, the count of each verdict, the rate of the one that matters and the
 median wall time per trial, with the load average before the run.
 
-    python benchmarks/compare_power.py [--trials 20] [--rounds 4] [--experiments aa ab10 ...]
+    python benchmarks/compare_power.py [--trials 20] [--rounds 6] [--threads 1] [--experiments aa ab10 ...]
 """
 
 from __future__ import annotations
@@ -88,12 +88,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per side in each trial")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per side in each trial (≥ 5, as for a CI gate)")
     parser.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS))
     parser.add_argument("--size", type=int, default=256, help="the matmul is (size × k) @ (k × size)")
     parser.add_argument("--k", type=int, default=512, help="inner dimension of side A")
     parser.add_argument("--run-time-s", type=float, default=0.3, help="timed run per round (perfkit.measure)")
-    parser.add_argument("--threads", type=int, default=2, help="OMP threads of each round")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="OMP threads of each round (1: a 2-thread round on 2 shared cores is hostage to any neighbour)")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
           f"{args.trials} trials × {args.rounds} rounds per side; matmul {args.size}×{args.k} @ {args.k}×{args.size}, "
