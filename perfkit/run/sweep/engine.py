@@ -41,7 +41,7 @@ from ...core import status as st
 from ...core.cpu_share import affinity_cpus
 from ..execute import Outcome, WarmKernel, execute_config, has_status_row
 from ..notebooks import read_notebook
-from ...core.results import RunContext, record
+from ...core.results import record
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
 from .spec import Config, Variant
 from .variants import kernel_env
@@ -136,7 +136,7 @@ class OomEdges:
 
     @staticmethod
     def _rest(c: Config) -> tuple:
-        return (str(c.notebook), c.variant.name if c.variant else None,
+        return (str(c.notebook), c.variant_name,
                 sorted((k, repr(v)) for k, v in c.params.items() if k != c.oom_axis))
 
     @classmethod
@@ -188,7 +188,7 @@ def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger
     entry = LedgerEntry(config_id=c.config_id, status=RUNNING, attempt=attempt, notebook=str(c.notebook),
                         params=c.params, start=time.time(), output_notebook=str(output_nb),
                         results_path=str(results_path), host=os.uname().nodename, pid=os.getpid(), slot=slot,
-                        variant=c.variant.name if c.variant else None, round=c.round)
+                        variant=c.variant_name, round=c.round)
     edge = edges.past_edge(c) if edges is not None else None
     if edge is not None:
         ledger.append(entry)
@@ -229,9 +229,7 @@ def end_without_run(c: Config, out_dir: Path, status: str, error_name: str, mess
     output_nb, results_path = config_paths(c, out_dir)
     if not has_status_row(results_path, status, c.config_id):
         record([{}], status=status, reason=f"{error_name}: {message}" if status != st.SKIPPED else message,
-               context=RunContext(results_path=results_path, config_id=c.config_id,
-                                  params={**c.params, **c.row_columns}, param_names=tuple(c.params),
-                                  notebook=c.notebook.name))
+               context=c.run_context(results_path))
     return Outcome(config_id=c.config_id, status=status, error_name=error_name, message=message, cell=None,
                    output_notebook=output_nb, results_path=results_path, started_at=time.time(), duration_s=0.0)
 
@@ -247,7 +245,7 @@ def _engine_failure(c: Config, out_dir: Path, attempt: int, slot: str, ledger: L
                               message=message, output_notebook=str(outcome.output_notebook),
                               results_path=str(outcome.results_path),
                               host=os.uname().nodename, pid=os.getpid(), slot=slot,
-                              variant=c.variant.name if c.variant else None, round=c.round))
+                              variant=c.variant_name, round=c.round))
     return outcome
 
 

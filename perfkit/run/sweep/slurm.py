@@ -47,7 +47,7 @@ from ...core import status as st
 from ...core.durable import write_text_atomic
 from ...core.errors import BadInputError
 from ..execute import Outcome, banner, has_status_row
-from ...core.results import RunContext, record
+from ...core.results import record
 from .engine import (OomEdges, SweepResult, config_paths, plan, raise_on_sigterm, restore_sigterm, run_one,
                      should_run)
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
@@ -248,12 +248,10 @@ def _settle(c: Config, rec: dict, slurm_state: str, out_dir: Path, ledger: Ledge
         entry = LedgerEntry(config_id=c.config_id, status=status, attempt=attempt, notebook=str(c.notebook),
                             params=c.params, start=None, end=now, duration_s=0.0, error_name=error_name,
                             message=message, output_notebook=str(nb), results_path=str(results_path),
-                            slot=f"slurm:{job_id}", variant=c.variant.name if c.variant else None, round=c.round)
+                            slot=f"slurm:{job_id}", variant=c.variant_name, round=c.round)
     if not has_status_row(results_path, status, c.config_id):
         record([{}], status=status, reason=f"{error_name}: {message}",
-               context=RunContext(results_path=results_path, config_id=c.config_id,
-                                  params={**c.params, **c.row_columns}, param_names=tuple(c.params),
-                                  notebook=c.notebook.name))
+               context=c.run_context(results_path))
     ledger.append(entry)
     return entry
 

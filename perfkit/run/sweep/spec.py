@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import BadInputError, ParameterTypeError, UnknownParameterError
+from ...core.results import RunContext
 from ..notebooks import NotebookSpec, check_params, config_id, read_notebook
 from .variants import Variant, check_interpreter, interleaved, parse_rounds, parse_variants
 
@@ -112,6 +113,17 @@ class Config:
     row_columns: Mapping[str, object] = field(default_factory=dict)
     """What its rows carry besides the parameters: an A/B sweep's ``variant``, ``round`` and
     ``variant_params`` (the names the variant sets); empty in a plain sweep."""
+
+    @property
+    def variant_name(self) -> str | None:
+        return self.variant.name if self.variant else None
+
+    def run_context(self, results_path: Path) -> RunContext:
+        """Where its rows go and what they carry, for rows written without its kernel (an ending
+        the engine or the Slurm driver records)."""
+        return RunContext(results_path=results_path, config_id=self.config_id,
+                          params={**self.params, **self.row_columns}, param_names=tuple(self.params),
+                          notebook=self.notebook.name)
 
 
 def _load_yaml(path: Path) -> dict:
