@@ -112,8 +112,8 @@ class ReportPage:
 
 
 @contextlib.contextmanager
-def report_page(report: Path, *, width: int = 1200, height: int = 1600):
-    """Open ``report`` in headless Chromium; the test skips, with the reason, without Chromium or
+def launch_chromium():
+    """Headless Chromium through playwright; the test skips, with the reason, without Chromium or
     playwright. The browser closes when the block ends."""
     import pytest
 
@@ -124,13 +124,20 @@ def report_page(report: Path, *, width: int = 1200, height: int = 1600):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
-            opened = ReportPage(page=browser.new_page(viewport={"width": width, "height": height}))
-            opened.page.on("pageerror", lambda exc: opened.errors.append(str(exc)))
-            opened.page.on("requestfailed", lambda r: opened.failed.append(r.url[:200]))
-            opened.page.goto(report.as_uri())
-            yield opened
+            yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def report_page(report: Path, *, width: int = 1200, height: int = 1600):
+    """Open ``report`` in headless Chromium (:func:`launch_chromium`), errors and failed requests kept."""
+    with launch_chromium() as browser:
+        opened = ReportPage(page=browser.new_page(viewport={"width": width, "height": height}))
+        opened.page.on("pageerror", lambda exc: opened.errors.append(str(exc)))
+        opened.page.on("requestfailed", lambda r: opened.failed.append(r.url[:200]))
+        opened.page.goto(report.as_uri())
+        yield opened
 
 
 def _free_port() -> int:

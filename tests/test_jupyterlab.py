@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyterlab_driver import CHROMIUM_ARGS, JupyterLab, NotebookPage, chromium_path
+from jupyterlab_driver import JupyterLab, NotebookPage, launch_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -36,14 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 180)]
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = chromium_path()
-    if chromium is None:
-        pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+    with launch_chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
