@@ -53,6 +53,51 @@ def test_bad_parameter_value_exits_2(tmp_path, args, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["-p", "parallelism", "pp", "-p", "world_size", "2", "-p", "n_microbatches", "0"],
+     "n_microbatches must be an integer >= 1"),
+    (["-p", "parallelism", "ddp", "-p", "world_size", "2", "-p", "batch_size", "7"],
+     "does not split over 2 data-parallel ranks"),
+])
+def test_a_value_the_notebook_would_refuse_exits_2_before_a_kernel_starts(tmp_path, args, message):
+    """train_step.ipynb names its value check in its metadata (perfkit.check): the TrainConfig
+    is built from the parameters before anything runs."""
+    out = perfkit_cli("run", NOTEBOOKS / "train_step.ipynb", "--out", tmp_path / "o", *args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_with_one_bad_configuration_exits_2_before_any_runs(tmp_path):
+    spec = tmp_path / "s.yaml"
+    # world_size 2 alone is no configuration (parallelism 'none' needs 1): fixed parameters are
+    # checked with each grid point, not alone; the one bad point (pp, 0 microbatches) fails all.
+    spec.write_text(f"notebook: {NOTEBOOKS / 'train_step.ipynb'}\n"
+                    "parameters: {world_size: 2, parallelism: pp}\n"
+                    "grid: {n_microbatches: [2, 0]}\n")
+    out = perfkit_cli("sweep", spec, "--out", tmp_path / "o")
+    assert out.returncode == 2 and '"n_microbatches": 0}' in out.stderr, out.stderr
+    assert "n_microbatches must be an integer >= 1" in out.stderr
+    assert not (tmp_path / "o" / "results").exists()
+    spec.write_text(spec.read_text().replace("[2, 0]", "[2, 4]"))
+    out = perfkit_cli("sweep", spec, "--out", tmp_path / "o", "--dry-run")
+    assert out.returncode == 0 and "2 configurations" in out.stdout, out.stderr
+
+
+def test_a_notebook_value_check_that_cannot_load_is_bad_input(tmp_path):
+    from perfkit.core.errors import BadInputError
+    from perfkit.run.notebooks import check_params, read_notebook
+
+    nb = json.loads((NOTEBOOKS / "gemm.ipynb").read_text())
+    for target, message in (("no_colon", "must be 'module:function'"),
+                            ("perfkit.nope:check", "cannot be loaded")):
+        nb["metadata"]["perfkit"] = {"check": target}
+        path = tmp_path / "nb.ipynb"
+        path.write_text(json.dumps(nb))
+        with pytest.raises(BadInputError, match=message):
+            check_params(read_notebook(path), {})
+
+
 def test_missing_notebook_exits_2(tmp_path):
     out = perfkit_cli("run", tmp_path / "nope.ipynb", "--out", tmp_path / "o")
     assert out.returncode == 2 and "not found" in out.stderr

@@ -13,7 +13,7 @@ from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring import memory_model as mm
 from perfkit.measuring import workloads
 from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
-from perfkit.measuring.training import find_max_batch_size
+from perfkit.measuring.batch_search import find_max_batch_size
 
 PSI = 4 * 1024 * 1024  # four 1024×1024 matrices
 SQUARE = [(1024, 1024)] * 4

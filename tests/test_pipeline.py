@@ -21,20 +21,21 @@ import math
 import pytest
 
 from perfkit.analyse import pipeline_bubble as pb
-from perfkit.core.errors import BadInputError
-from perfkit.measuring import pipeline
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring import pipeline_stages as ps
-from perfkit.measuring.pipeline import PipelineConfig, run_pipeline, skip_reason
+from perfkit.measuring.train_config import TrainConfig, check_supported
+from perfkit.measuring.training import run_training
 
 RTOL = 1e-4
 TIMEOUT_S = 120.0
 TRANSFORMER = {"model": "transformer", "batch_size": 16, "seq_len": 16, "steps": 5, "warmup_steps": 1,
                "lr": 1e-2, "model_size": {"vocab_size": 64, "d_model": 32, "n_heads": 4, "n_layers": 4}}
+PP = {**TRANSFORMER, "parallelism": "pp", "world_size": 2, "device": "cpu"}
 # Four tiny layers: up to four stages; the sleep, not the matmuls, is the stage cost.
 DELAYED = {"model": "mlp", "model_size": {"depth": 4, "in_features": 8, "hidden_features": 8,
                                           "out_features": 4},
            "batch_size": 16, "steps": 3, "warmup_steps": 1, "device": "cpu", "world_size": 2,
-           "stage_delay_s": 0.03}
+           "stage_delay_s": 0.03, "parallelism": "pp"}
 
 
 # ---- analysis (pure) ---------------------------------------------------------------------------
@@ -109,10 +110,12 @@ def test_bubble_table_and_plot():
 @pytest.mark.parametrize("bad", [{"pp_schedule": "gpipe2"}, {"n_microbatches": 0},
                                  {"stages_per_rank": 0}, {"stage_delay_s": -1.0},
                                  {"warmup_steps": 5, "steps": 5}, {"model_size": {"seq_len": 8}},
-                                 {"model_size": {"n_layerz": 2}}, {"precision": "fp16"}])
+                                 {"model_size": {"n_layerz": 2}}, {"precision": "fp16"},
+                                 {"compile": True}, {"activation_checkpointing": True},
+                                 {"parallelism": "ddp", "stage_delay_s": 0.1}])
 def test_bad_fields_are_bad_input(bad):
     with pytest.raises(BadInputError):
-        PipelineConfig(**{**TRANSFORMER, **bad})
+        TrainConfig(**{**PP, **bad})
 
 
 @pytest.mark.parametrize("fields, reason", [
@@ -135,26 +138,28 @@ def test_invalid_combinations_skip_with_the_reason_before_launching(monkeypatch,
 
     monkeypatch.setattr("perfkit.run.launch.launch", no_launch)
     size = {**TRANSFORMER["model_size"], **fields.pop("model_size", {})}
-    cfg = PipelineConfig(**{**TRANSFORMER, "model_size": size, **fields})
-    row = run_pipeline(cfg, timeout_s=5)
+    cfg = TrainConfig(**{**PP, "model_size": size, **fields})
+    row = run_training(cfg, timeout_s=5)
     assert row["status"] == "skipped" and reason in row["error"], row["error"]
     assert row["parallelism"] == "pp" and row["pp_schedule"] == cfg.pp_schedule
 
 
 def test_a_schedule_known_to_hang_on_gloo_is_skipped_with_the_reason(monkeypatch):
-    monkeypatch.setitem(pipeline.GLOO_HANGS, "GPipe", "GPipe: hangs on gloo (test)")
-    cfg = PipelineConfig(**TRANSFORMER, pp_schedule="GPipe", device="cpu")
-    assert skip_reason(cfg) == "GPipe: hangs on gloo (test)"
-    assert run_pipeline(cfg, timeout_s=5)["status"] == "skipped"
+    monkeypatch.setitem(ps.GLOO_HANGS, "GPipe", "GPipe: hangs on gloo (test)")
+    cfg = TrainConfig(**PP, pp_schedule="GPipe")
+    with pytest.raises(ConfigurationSkipped, match="GPipe: hangs on gloo"):
+        check_supported(cfg)
+    assert run_training(cfg, timeout_s=5)["status"] == "skipped"
 
 
 def test_stage_cut_covers_every_block_once():
     assert ps.stage_bounds(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
-    cfg = PipelineConfig(**{**TRANSFORMER, "model_size": {**TRANSFORMER["model_size"], "n_layers": 8}},
-                         world_size=2, stages_per_rank=2, pp_schedule="ZBVZeroBubble")
-    assert [ps.rank_stage_indices(cfg.pp_schedule, 2, 2, r) for r in (0, 1)] == [[0, 3], [1, 2]]
-    loop = PipelineConfig(**TRANSFORMER, world_size=2, stages_per_rank=2, pp_schedule="Interleaved1F1B")
-    assert [ps.rank_stage_indices(loop.pp_schedule, 2, 2, r) for r in (0, 1)] == [[0, 2], [1, 3]]
+    assert [ps.rank_stage_indices("ZBVZeroBubble", 2, 2, r) for r in (0, 1)] == [[0, 3], [1, 2]]
+    assert [ps.rank_stage_indices("Interleaved1F1B", 2, 2, r) for r in (0, 1)] == [[0, 2], [1, 3]]
+    for schedule, v in (("ZBVZeroBubble", 2), ("Interleaved1F1B", 3), ("1F1B", 1)):
+        held = {s: r for r in range(3) for s in ps.rank_stage_indices(schedule, 3, v, r)}
+        assert sorted(held) == list(range(3 * v))  # every stage on exactly one rank
+        assert all(ps.rank_of_stage(schedule, 3, s) == r for s, r in held.items())
 
 
 # ---- real gloo ranks ---------------------------------------------------------------------------
@@ -169,11 +174,16 @@ def single_process_losses():
     return train_step_benchmark(TrainConfig(**fields, device="cpu"))["losses"]
 
 
+@pytest.fixture(scope="module")
+def parity_rows():
+    return {schedule: run_training(TrainConfig(**PP, pp_schedule=schedule, n_microbatches=4), TIMEOUT_S)
+            for schedule in ("GPipe", "1F1B")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
-def test_pipeline_follows_the_single_process_loss(single_process_losses, schedule):
-    row = run_pipeline(PipelineConfig(**TRANSFORMER, pp_schedule=schedule, n_microbatches=4,
-                                      world_size=2, device="cpu"), TIMEOUT_S)
+def test_pipeline_follows_the_single_process_loss(single_process_losses, parity_rows, schedule):
+    row = parity_rows[schedule]
     assert row["status"] == "ok", row["error"]
     assert len(row["losses"]) == TRANSFORMER["steps"] >= 5
     assert row["losses"] == pytest.approx(single_process_losses, rel=RTOL)
@@ -181,20 +191,28 @@ def test_pipeline_follows_the_single_process_loss(single_process_losses, schedul
     assert abs(row["losses"][-1] - row["losses"][0]) > 100 * RTOL * row["losses"][0]
     # Each rank holds a part of the model, together all of it.
     assert sum(row["stage_params_per_rank"]) == row["n_params"]
+    # The memory model knows which rank holds most: the stem's or the head's (exact bytes here).
+    for part in ("param_bytes", "grad_bytes", "optim_state_bytes"):
+        assert row[part] == pytest.approx(row[f"{part}_predicted"], rel=0.05), part
+    assert row["step_counted_flop"] != row["step_counted_flop"]  # NaN, with the reason
+    assert "pp" in row["counted_flop_reason"] and row["mfu"] > 0
     assert 0 <= row["bubble_fraction"] < 1
     assert row["bubble_fraction_predicted"] == pytest.approx(1 / 5)
 
 
 @pytest.mark.slow
-def test_every_schedule_runs_on_gloo_or_is_listed_as_hanging():
+def test_every_schedule_runs_on_gloo_or_is_listed_as_hanging(parity_rows, delayed_rows):
     """The hang check (PiPPy#944: batched send/recv on gloo): every schedule not in GLOO_HANGS
-    finishes a short run well within a timeout; the listed ones are skipped, never launched."""
-    for schedule, v in [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2),
-                        ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", 2)]:
-        cfg = PipelineConfig(**{**DELAYED, "stage_delay_s": 0.0, "steps": 2}, pp_schedule=schedule,
-                             stages_per_rank=v, n_microbatches=4)
-        row = run_pipeline(cfg, timeout_s=60)
-        expected = "skipped" if schedule in pipeline.GLOO_HANGS else "ok"
+    finishes a short run well within a timeout; the listed ones are skipped, never launched.
+    GPipe, 1F1B and Interleaved1F1B ran in the fixtures above (within their timeout)."""
+    rows = {**parity_rows, "Interleaved1F1B": delayed_rows["Interleaved1F1B", 4]}
+    for schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"):
+        cfg = TrainConfig(**{**DELAYED, "stage_delay_s": 0.0, "steps": 2}, pp_schedule=schedule,
+                          stages_per_rank=2, n_microbatches=4)
+        rows[schedule] = run_training(cfg, timeout_s=60)
+    assert sorted(rows) == sorted(pb.SCHEDULES)
+    for schedule, row in rows.items():
+        expected = "skipped" if schedule in ps.GLOO_HANGS else "ok"
         assert row["status"] == expected, (schedule, row["error"])
 
 
@@ -203,8 +221,8 @@ def delayed_rows():
     rows = {}
     for schedule, v in [("1F1B", 1), ("Interleaved1F1B", 2)]:
         for m in (2, 4, 8):
-            row = run_pipeline(PipelineConfig(**DELAYED, pp_schedule=schedule, stages_per_rank=v,
-                                              n_microbatches=m), TIMEOUT_S)
+            row = run_training(TrainConfig(**DELAYED, pp_schedule=schedule, stages_per_rank=v,
+                                           n_microbatches=m), TIMEOUT_S)
             assert row["status"] == "ok", row["error"]
             rows[schedule, m] = row
     return rows

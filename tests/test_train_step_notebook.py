@@ -183,3 +183,25 @@ def test_sweep_template_validates_in_a_dry_run(tmp_path):
     assert sum('parallelism="ddp" world_size=2' in ln for ln in lines) == 9
     assert sum('parallelism="none" world_size=1' in ln for ln in lines) == 9
     assert sum('precision="tf32"' in ln for ln in lines) == 6
+
+
+@pytest.mark.slow
+def test_pipeline_parallelism_runs_through_the_notebook(tmp_path):
+    out, df = _run(tmp_path, ("parallelism", "pp"), ("world_size", "2"), ("steps", "4"),
+                   ("model_size", '{"n_layers": 4}'), ("n_microbatches", "2"), ("pp_schedule", "GPipe"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    row = df.iloc[0]
+    assert row["status"] == "ok" and row["parallelism"] == "pp" and row["pp_schedule"] == "GPipe"
+    assert 0 <= row["bubble_fraction"] < 1 and len(row["bubble_fraction_samples"]) == 3
+    assert row["bubble_fraction_predicted"] == pytest.approx(1 / 3)  # (p−1)/(m+p−1), p = m = 2
+    assert row["param_bytes"] == row["param_bytes_predicted"] and len(row["peak_mem_bytes_per_rank"]) == 2
+
+
+@pytest.mark.parametrize("template, n, pp", [("parallelism.yaml", 18, 3), ("pipeline.yaml", 10, 10)])
+def test_parallelism_templates_validate_in_a_dry_run(tmp_path, template, n, pp):
+    out = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(REPO / "templates" / template),
+                          "--out", str(tmp_path / "sweep"), "--dry-run"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("train_step-")]
+    assert len(lines) == n and sum('parallelism="pp"' in ln for ln in lines) == pp

@@ -20,10 +20,10 @@ from perfkit.analyse import mfu
 from perfkit.measuring import workloads
 from perfkit.core.devices import CpuPeak
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
+from perfkit.measuring.batch_search import find_max_batch_size
 from perfkit.measuring.train_config import TrainConfig
 from perfkit.measuring.training import (
     OutOfMemoryError,
-    find_max_batch_size,
     raise_for_status,
     run_training,
     train_step_benchmark,

@@ -29,6 +29,7 @@ linear in m, T(m) = α·m + β with β/α = p − 1. An ordinary least-squares l
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ import pandas as pd
 from perfkit.core.errors import BadInputError
 
 __all__ = ["SCHEDULES", "predicted_bubble_fraction", "prediction_reason", "measured_bubble_fraction",
-           "rank_bubble_fraction", "StepTimeFit", "fit_step_time", "bubble_table"]
+           "rank_bubble_fraction", "StepTimeFit", "fit_step_time", "bubble_table", "row_columns"]
 
 #: Schedule names as perfkit spells them (torch.distributed.pipelining's `get_schedule_class`
 #: names), and how many stages each puts on one rank: 1, or None for "two or more".
@@ -98,6 +99,30 @@ def measured_bubble_fraction(rank_intervals: Sequence[Sequence[tuple[float, floa
         raise BadInputError("need one window per rank and at least one rank")
     shares = [rank_bubble_fraction(i, w) for i, w in zip(rank_intervals, rank_windows)]
     return sum(shares) / len(shares)
+
+
+def row_columns(schedule: str, microbatches: int, stages_per_rank: int,
+                rank_intervals: Sequence[Sequence[Sequence[tuple[float, float]]]],
+                rank_windows_s: Sequence[Sequence[float]]) -> dict:
+    """A pipeline row's bubble columns from every rank's timed steps: ``rank_intervals[r][i]`` the
+    compute intervals of rank r in step i, ``rank_windows_s[r][i]`` that step's window length
+    (the intervals are seconds from the window's start). The measured bubble is the median over
+    steps of :func:`measured_bubble_fraction` (per step in ``bubble_fraction_samples``; per rank,
+    the median over steps, in ``bubble_fraction_per_rank``) beside the predicted one."""
+    steps = range(len(rank_windows_s[0]))
+    per_step = [measured_bubble_fraction([r[i] for r in rank_intervals],
+                                         [(0.0, w[i]) for w in rank_windows_s]) for i in steps]
+    per_rank = [statistics.median(rank_bubble_fraction(iv, (0.0, w)) for iv, w in zip(ivs, ws))
+                for ivs, ws in zip(rank_intervals, rank_windows_s)]
+    return {
+        "bubble_fraction": statistics.median(per_step), "bubble_fraction_samples": per_step,
+        "bubble_fraction_per_rank": per_rank,
+        "bubble_fraction_predicted": predicted_bubble_fraction(
+            schedule, len(rank_intervals), microbatches, stages_per_rank),
+        "bubble_fraction_predicted_reason": prediction_reason(schedule),
+        # The span between the two barriers around the schedule's step, slowest rank per step.
+        "pipeline_time_s": statistics.median(max(w) for w in zip(*rank_windows_s)),
+    }
 
 
 @dataclass(kw_only=True, frozen=True)

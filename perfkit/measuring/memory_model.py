@@ -62,7 +62,7 @@ _STEP_BYTES = 4  # AdamW's `step`: an fp32 scalar tensor per parameter (not capt
 #: parallelism -> what it shards over the data-parallel ranks between steps.
 _SHARDED = {"none": set(), "ddp": set(), "tp": set(), "zero1": {"optim"},
             "zero2": {"optim", "grad", "param"}, "zero3": {"optim", "grad", "param"},
-            "fsdp": {"optim", "grad", "param"}, "fsdp_tp": {"optim", "grad", "param"}}
+            "fsdp": {"optim", "grad", "param"}, "fsdp_tp": {"optim", "grad", "param"}, "pp": set()}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -161,6 +161,9 @@ def predict_for_config(cfg) -> ModelState:
     from perfkit.measuring.train_config import workload_spec
 
     model = _meta_model(workload_spec(cfg))
+    if cfg.parallelism == "pp":
+        return max((predict_model_state(shapes, precision=cfg.precision, parallelism="pp", dp_size=1)
+                    for shapes in _pipeline_rank_shapes(cfg, model)), key=lambda m: m.total_bytes)
     blocks = [local_param_shapes(b, 1) for b in getattr(model, "blocks", ())]
     if cfg.tp_size > 1:  # block shapes after TP: the same plan, prefixed per block
         shapes = dict(zip((n for n, _ in model.named_parameters()), local_param_shapes(model, cfg.tp_size)))
@@ -171,11 +174,34 @@ def predict_for_config(cfg) -> ModelState:
                                reshard_after_forward=cfg.reshard, block_param_shapes=blocks)
 
 
+def _pipeline_rank_shapes(cfg, model: nn.Module) -> list[list[tuple[int, ...]]]:
+    """Per rank, the shapes of the parameters its pipeline stages hold: their blocks, the stem
+    on the first stage's rank, the head on the last's (:mod:`perfkit.measuring.pipeline_stages`)."""
+    from perfkit.measuring import pipeline_stages as ps
+
+    n_stages = cfg.world_size * cfg.stages_per_rank
+    bounds = ps.stage_bounds(len(model.blocks), n_stages)
+    part = lambda names: [tuple(p.shape) for n in names for p in getattr(model, n).parameters()]  # noqa: E731
+    out = []
+    for rank in range(cfg.world_size):
+        shapes = []
+        for stage in ps.rank_stage_indices(cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, rank):
+            lo, hi = bounds[stage]
+            shapes += [tuple(p.shape) for b in model.blocks[lo:hi] for p in b.parameters()]
+            shapes += part(model.STEM) if stage == 0 else []
+            shapes += part(model.HEAD) if stage == n_stages - 1 else []
+        out.append(shapes)
+    return out
+
+
 def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, str | None]:
     """(predicted saved-activation bytes per rank, None) for ``cfg``, or (NaN, why not); see the
     module docstring for what is counted."""
     from perfkit.measuring.train_config import workload_spec
 
+    if cfg.parallelism == "pp":
+        return math.nan, ("no activation model under pp (the microbatches a stage keeps in flight "
+                          "depend on the schedule)")
     spec = workload_spec(cfg)
     b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
     e = 2 if cfg.precision in ("bf16", "fp16", "bf16-pure") else 4

@@ -25,11 +25,26 @@ __all__ = ["MLP", "GPT", "ConvNet"]
 
 
 class _BlockModel(nn.Module):
-    """A stem, ``blocks`` run in order (each optionally checkpointed), a head."""
+    """A stem, ``blocks`` run in order (each optionally checkpointed), a head.
 
+    ``forward_stem`` and ``forward_head`` use only the submodules named in ``STEM`` and ``HEAD``,
+    so a pipeline stage (:class:`perfkit.measuring.pipeline_stages.StageModule`) that holds those
+    under the same names runs the model's own code around its share of the blocks."""
+
+    STEM: tuple[str, ...] = ()
+    HEAD: tuple[str, ...] = ()
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of keeping them (non-reentrant
     ``torch.utils.checkpoint``; it composes with DDP, FSDP2 and torch.compile)."""
+
+    def forward(self, x):
+        return self.forward_head(self._run_blocks(self.forward_stem(x)))
+
+    def forward_stem(self, x):
+        return x
+
+    def forward_head(self, x):
+        return x
 
     def _run_blocks(self, x):
         for block in self.blocks:
@@ -59,9 +74,6 @@ class MLP(_BlockModel):
         widths = [cfg.in_features] + [cfg.hidden_features] * (cfg.depth - 1) + [cfg.out_features]
         self.blocks = nn.ModuleList(_Dense(a, b, cfg.bias, i < cfg.depth - 1)
                                     for i, (a, b) in enumerate(zip(widths, widths[1:])))
-
-    def forward(self, x):
-        return self._run_blocks(x)
 
     def tp_plan(self) -> dict[str, str]:
         # Megatron pairs: layer 2i split by output features, layer 2i+1 by input features, so
@@ -123,6 +135,8 @@ class _Block(nn.Module):
 
 
 class GPT(_BlockModel):
+    STEM, HEAD = ("tok_emb", "pos_emb"), ("ln_f", "lm_head")
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -131,10 +145,11 @@ class GPT(_BlockModel):
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
-    def forward(self, tokens):
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok_emb(tokens) + self.pos_emb(pos)
-        return self.lm_head(self.ln_f(self._run_blocks(x)))
+    def forward_stem(self, tokens):
+        return self.tok_emb(tokens) + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+
+    def forward_head(self, x):
+        return self.lm_head(self.ln_f(x))
 
     def tp_plan(self) -> dict[str, str]:
         # Embeddings, norms and the lm head stay replicated.
@@ -166,6 +181,8 @@ class ConvNet(_BlockModel):
     """Stem conv, BasicBlocks, global average pool and a linear head. No ``tp_plan``: tensor
     parallel of convolutions is not a Megatron column/row split."""
 
+    STEM, HEAD = ("stem",), ("head",)
+
     def __init__(self, cfg: ConvNetConfig):
         super().__init__()
         self.stem = nn.Sequential(
@@ -181,6 +198,8 @@ class ConvNet(_BlockModel):
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, cfg.n_classes)
 
-    def forward(self, x):
-        x = self._run_blocks(self.stem(x))
+    def forward_stem(self, x):
+        return self.stem(x)
+
+    def forward_head(self, x):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))

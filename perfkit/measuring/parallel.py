@@ -34,7 +34,7 @@ __all__ = ["DistContext", "dist_context", "check_comm_hook", "wrap_ddp", "apply_
            "apply_fsdp_tp", "make_optimizer", "PARALLELISMS", "FSDP_FAMILY", "DATA_PARALLEL",
            "COMM_HOOKS", "dtype_from_name"]
 
-PARALLELISMS = ("none", "ddp", "fsdp", "tp", "zero1", "zero2", "zero3", "fsdp_tp")
+PARALLELISMS = ("none", "ddp", "fsdp", "tp", "zero1", "zero2", "zero3", "fsdp_tp", "pp")
 #: Parallelisms that shard with FSDP2 (and take its mixed-precision policy).
 FSDP_FAMILY = ("fsdp", "zero2", "zero3", "fsdp_tp")
 #: Parallelisms that split the global batch over every rank.
@@ -89,7 +89,8 @@ def dist_context(parallelism: str, tp_degree: int = 1) -> DistContext:
             raise BadInputError(f"tp_degree {tp_degree} does not divide world size {world_size}")
         return DistContext(rank=rank, world_size=world_size, dp_rank=rank // tp_degree,
                            dp_size=world_size // tp_degree)
-    # "tp" shards the model, "none" runs the same work everywhere: every rank has the whole batch.
+    # "tp" shards the model, "pp" its layers, "none" runs the same work everywhere: every rank
+    # has the whole batch.
     return DistContext(rank=rank, world_size=world_size, dp_rank=0, dp_size=1)
 
 

@@ -15,14 +15,53 @@ import time
 import torch
 from torch import nn
 
+from perfkit.analyse import pipeline_bubble
 from perfkit.measuring import workloads
-from perfkit.measuring.models import GPT, ConvNet
 
-__all__ = ["V_SHAPED", "n_blocks", "StageModule", "stage_bounds", "rank_stage_indices", "Timeline",
+__all__ = ["V_SHAPED", "GLOO_HANGS", "skip_reason", "n_blocks", "StageModule", "stage_bounds", "rank_stage_indices", "rank_of_stage", "Timeline",
            "timed_stage_class"]
 
 #: Schedules whose stages sit on the ranks in a V (torch: generate_stage_to_rank_mapping "v").
 V_SHAPED = ("ZBVZeroBubble",)
+
+
+#: Schedule -> why it is skipped on gloo, for schedules whose batched send/recv hangs there
+#: (PiPPy#944: ``batch_isend_irecv`` had no stable gloo implementation). Empty for torch 2.13:
+#: every schedule here finishes on gloo (2 and 3 ranks, 1 to 8 microbatches), after
+#: pytorch/pytorch#152938 (``_batch_p2p`` waits on every gloo work) and 2.13's ``_batch_p2p``
+#: sending homogeneous batches uncoalesced. tests/test_pipeline.py runs each schedule under a
+#: timeout and fails when one hangs: add it here, with the reason, when a torch brings one back.
+GLOO_HANGS: dict[str, str] = {}
+
+
+def skip_reason(cfg, *, blocks: int, device: str) -> str | None:
+    """Why the pipeline configuration ``cfg`` (a ``TrainConfig`` with parallelism ``pp``) cannot
+    run, or None: decided from the schedule's rules, the model's ``blocks`` and the ``device``
+    kind before any rank starts, so an invalid combination is skipped with its reason, never a hang."""
+    schedule, p, v, m = cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, cfg.n_microbatches
+    if cfg.batch_size % m:
+        return f"batch_size {cfg.batch_size} does not split into {m} equal microbatches"
+    needed = pipeline_bubble.SCHEDULES[schedule]
+    if needed == 1 and v != 1:
+        return f"{schedule} runs one stage per rank; stages_per_rank is {v}"
+    if needed is None and v < 2:
+        return f"{schedule} interleaves several stages per rank; set stages_per_rank >= 2 (got {v})"
+    if needed is not None and needed > 1 and v != needed:
+        return f"{schedule} needs exactly {needed} stages per rank, got {v}"
+    if schedule == "1F1B" and m < p:  # torch's Schedule1F1B refuses it
+        return f"1F1B needs n_microbatches >= stages ({p}), got {m}"
+    if needed != 1:
+        rounds = max(1, m // p)  # torch's interleaved schedules: m must split into rounds of ~p
+        if m % rounds:
+            return f"{schedule} needs n_microbatches a multiple of max(1, m // p) = {rounds}, got {m}"
+    if blocks < p * v:
+        return (f"the {cfg.model} has {blocks} blocks, fewer than the {p * v} stages "
+                f"({p} ranks × {v}); give it more layers")
+    if device == "cpu" and schedule in GLOO_HANGS:
+        return GLOO_HANGS[schedule]
+    if device != "cpu" and cfg.stage_delay_s:
+        return "stage_delay_s is a host sleep: on a GPU it delays launches, not stage compute"
+    return None
 
 
 def n_blocks(spec) -> int:
@@ -36,36 +75,26 @@ def n_blocks(spec) -> int:
 
 class StageModule(nn.Module):
     """Blocks [lo, hi) of a workload's model, after its stem (first stage) and before its head
-    (last stage). The stem and head repeat the models' own forward around ``blocks``
-    (:mod:`perfkit.measuring.models`); the loss parity test fails if they drift apart."""
+    (last stage). It holds the model's stem and head submodules under their own names
+    (``model.STEM``, ``model.HEAD``) and runs the model's own ``forward_stem``/``forward_head``
+    on them, so a stage computes exactly what the whole model does for its blocks."""
 
     def __init__(self, model: nn.Module, lo: int, hi: int, *, first: bool, last: bool,
                  autocast: torch.dtype | None):
         super().__init__()
         self.blocks = nn.ModuleList(model.blocks[lo:hi])
-        self.first, self.last, self.gpt, self.autocast = first, last, isinstance(model, GPT), autocast
-        self.stem = self.head = None
-        if first and isinstance(model, GPT):
-            self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
-        elif first and isinstance(model, ConvNet):
-            self.stem = model.stem
-        if last and isinstance(model, GPT):
-            self.ln_f, self.lm_head = model.ln_f, model.lm_head
-        elif last and isinstance(model, ConvNet):
-            self.head = model.head
+        self.first, self.last, self.autocast, self._model_cls = first, last, autocast, type(model)
+        for name in (model.STEM if first else ()) + (model.HEAD if last else ()):
+            setattr(self, name, getattr(model, name))
 
     def forward(self, x):
         with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            if self.first and self.gpt:
-                x = self.tok_emb(x) + self.pos_emb(torch.arange(x.shape[1], device=x.device))
-            elif self.stem is not None:
-                x = self.stem(x)
+            if self.first:
+                x = self._model_cls.forward_stem(self, x)
             for block in self.blocks:
                 x = block(x)
-            if self.last and self.gpt:
-                x = self.lm_head(self.ln_f(x))
-            elif self.head is not None:
-                x = self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+            if self.last:
+                x = self._model_cls.forward_head(self, x)
         return x
 
 
@@ -85,6 +114,13 @@ def rank_stage_indices(schedule: str, world_size: int, stages_per_rank: int, ran
     if schedule in V_SHAPED:
         return [rank, 2 * world_size - 1 - rank]
     return [rank + k * world_size for k in range(stages_per_rank)]
+
+
+def rank_of_stage(schedule: str, world_size: int, stage: int) -> int:
+    """The rank that holds ``stage`` (the inverse of :func:`rank_stage_indices`)."""
+    if schedule in V_SHAPED and stage >= world_size:
+        return 2 * world_size - 1 - stage
+    return stage % world_size
 
 
 class Timeline:

@@ -33,7 +33,7 @@ import torch
 
 from ..core.errors import BadInputError
 
-__all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "trace_dir", "data_wait_span", "write_trace",
+__all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "trace_dir", "rank_trace_path", "data_wait_span", "write_trace",
            "current_trace_dir", "summary_columns"]
 
 #: The record_function span around fetching a step's batch (perfkit's own data-wait marker).
@@ -76,6 +76,11 @@ def trace_dir(results_path: str | Path, config_id: str) -> Path:
     """Where a configuration's traces go: ``DIR/traces/<config_id>/`` for ``DIR/results/<id>.parquet``."""
     results_path = Path(results_path)
     return results_path.parent.parent / "traces" / config_id
+
+
+def rank_trace_path(directory: str | Path | None, rank: int) -> Path:
+    """Rank ``rank``'s trace file in ``directory`` (None: the working directory)."""
+    return Path(directory or ".") / f"rank{rank}.json.gz"
 
 
 def current_trace_dir(*parts: str) -> Path:

@@ -14,13 +14,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from perfkit.analyse import pipeline_bubble
 from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
-from perfkit.measuring import parallel, workloads
+from perfkit.measuring import parallel, pipeline_stages, workloads
 
-__all__ = ["TrainConfig", "PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
+__all__ = ["TrainConfig", "check_params", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp8")
+#: Precisions of the pipeline step (autocast around each stage's forward, no GradScaler).
+PP_PRECISIONS = ("fp32", "tf32", "bf16")
 #: The ``workload`` column of every training-step row.
 WORKLOAD = "train_step"
 # Set from the TrainConfig, never from model_size.
@@ -54,8 +57,9 @@ class TrainConfig:
     parallelism: str = "none"
     """``none`` (one process), ``ddp``, ``tp``, the ZeRO stages ``zero1`` (DDP +
     ``ZeroRedundancyOptimizer``), ``zero2`` (FSDP2 without resharding after forward), ``zero3``
-    (FSDP2; ``fsdp`` is its alias) or ``fsdp_tp`` (FSDP2 × TP on a ``(dp, tp)`` mesh)
-    (:mod:`perfkit.measuring.parallel`)."""
+    (FSDP2; ``fsdp`` is its alias), ``fsdp_tp`` (FSDP2 × TP on a ``(dp, tp)`` mesh)
+    (:mod:`perfkit.measuring.parallel`) or ``pp`` (pipeline stages over the ranks,
+    :mod:`perfkit.measuring.pipeline`)."""
     world_size: int = 1
     """Ranks; 1 with ``none``."""
     dp_degree: int | None = None
@@ -105,6 +109,17 @@ class TrainConfig:
     warm-up (:mod:`perfkit.measuring.trace_capture`); its steps are timed like the others."""
     profile_active_steps: int = 2
     """Steps the trace records (after one profiler warm-up step)."""
+    pp_schedule: str = "1F1B"
+    """pp: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble`` or ``ZBVZeroBubble``
+    (torch.distributed.pipelining's schedules). Ignored unless parallelism is ``pp``."""
+    n_microbatches: int = 4
+    """pp: microbatches m per step; the global batch splits into m equal ones."""
+    stages_per_rank: int = 1
+    """pp: stages v on each rank: 1 for GPipe and 1F1B, 2 or more for the interleaved schedules,
+    2 for ZBVZeroBubble."""
+    stage_delay_s: float = 0.0
+    """pp, test aid: seconds every stage forward and backward sleeps first (CPU only), so the
+    stage cost is known and the bubble's shape shows through a shared CPU's noise."""
     trace_dir: str | None = None
     """Where the traces go (``rank<r>.json.gz``); None: beside the configuration's results,
     ``DIR/traces/<config_id>/``."""
@@ -144,6 +159,10 @@ class TrainConfig:
         if self.profile and self.steps - self.warmup_steps < 1 + self.profile_active_steps:
             raise BadInputError(f"profile needs steps ≥ warmup_steps + 1 + profile_active_steps "
                                 f"({self.warmup_steps} + 1 + {self.profile_active_steps}), got steps={self.steps}")
+        if self.parallelism == "pp":
+            self._check_pp()
+        elif self.stage_delay_s:
+            raise BadInputError("stage_delay_s applies to parallelism 'pp' only")
         spec = workload_spec(self)  # unknown or bad size names fail here, before any work
         if self.parallelism in ("tp", "fsdp_tp"):
             _check_tp(spec, self.tp_size)
@@ -180,7 +199,7 @@ class TrainConfig:
             if dp * tp != n:
                 raise BadInputError(f"fsdp_tp: dp_degree {dp} × tp_degree {tp} must equal world_size {n}")
             return dp, tp
-        implied = {"none": (1, 1), "tp": (1, n)}.get(p, (n, 1))
+        implied = {"none": (1, 1), "tp": (1, n), "pp": (1, 1)}.get(p, (n, 1))
         if (dp is not None and dp != implied[0]) or (tp is not None and tp != implied[1]):
             raise BadInputError(f"parallelism {p!r} on {n} ranks means dp_degree {implied[0]}, "
                                 f"tp_degree {implied[1]}; got {dp}, {tp} (set them with fsdp_tp)")
@@ -192,6 +211,23 @@ class TrainConfig:
             raise BadInputError(f"{p} means reshard_after_forward={not raf}; leave it None "
                                 "(fsdp and fsdp_tp take either)")
 
+    def _check_pp(self) -> None:
+        _check_choice("pp_schedule", self.pp_schedule, tuple(pipeline_bubble.SCHEDULES))
+        for name in ("n_microbatches", "stages_per_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.stage_delay_s >= 0:
+            raise BadInputError(f"stage_delay_s must be >= 0 seconds, got {self.stage_delay_s!r}")
+        # What the pipeline step (perfkit.measuring.pipeline) does not do: each a clear refusal.
+        unsupported = {"precision": self.precision not in PP_PRECISIONS, "compile": self.compile,
+                       "activation_checkpointing": self.activation_checkpointing,
+                       "address_space_headroom_bytes": self.address_space_headroom_bytes is not None}
+        if bad := [name for name, set_ in unsupported.items() if set_]:
+            raise BadInputError(f"parallelism 'pp' runs precision {PP_PRECISIONS} without "
+                                f"{', '.join(k for k in unsupported if k != 'precision')}; "
+                                f"unset {', '.join(bad)} (precision is {self.precision!r})")
+
     def as_dict(self) -> dict:
         """JSON-ready fields (what :func:`train_rank` takes)."""
         return asdict(self)
@@ -202,6 +238,16 @@ class TrainConfig:
         row.update({f"model_{k}": json.dumps(v) if isinstance(v, (list, tuple)) else v
                     for k, v in row.pop("model_size").items()})
         return row
+
+
+def check_params(params: Mapping[str, object]) -> None:
+    """The value check of notebooks/train_step.ipynb (its metadata ``perfkit.check``): raise
+    :class:`BadInputError` when its parameters make no valid :class:`TrainConfig`. Parameters that
+    are not fields (``timeout_s``) are left out."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(TrainConfig)}
+    TrainConfig(**{k: v for k, v in params.items() if k in names})
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -283,3 +329,6 @@ def check_supported(cfg: TrainConfig) -> None:
             raise ConfigurationSkipped("fp8 training needs torchao (torchao.float8)") from None
     if cfg.parallelism in ("ddp", "zero1"):
         parallel.check_comm_hook(cfg.comm_hook, "nccl" if device == "cuda" else "gloo")
+    if cfg.parallelism == "pp" and (reason := pipeline_stages.skip_reason(
+            cfg, blocks=pipeline_stages.n_blocks(workload_spec(cfg)), device=device)):
+        raise ConfigurationSkipped(reason)

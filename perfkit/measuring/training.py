@@ -26,7 +26,8 @@ the max over ranks) beside their ``_predicted`` values, ``model_state_bytes_pred
 The configuration and the device-support check are in :mod:`perfkit.measuring.train_config`.
 Entry points: :func:`train_step_benchmark` (this process), :func:`train_rank` (a
 :func:`perfkit.run.launch.launch` target), :func:`run_training` (either, always a row),
-:func:`find_max_batch_size` and, for notebooks, :func:`raise_for_status`. A setting the device
+and, for notebooks, :func:`raise_for_status`; the OOM-edge search is
+:func:`perfkit.measuring.batch_search.find_max_batch_size`. A setting the device
 cannot honour raises :class:`~perfkit.core.errors.ConfigurationSkipped` before any work
 (``run_training``: a ``skipped`` row).
 """
@@ -42,12 +43,11 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from perfkit.analyse import mfu
+from perfkit.analyse import mfu, pipeline_bubble
 from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.core.status import OK, OOM, SKIPPED, status_for_error
@@ -55,14 +55,14 @@ from perfkit.core.timing import Measurement
 from perfkit.measuring import memory_model, parallel, trace_capture, workloads
 from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
 
-__all__ = ["train_step_benchmark", "train_rank", "run_training", "find_max_batch_size",
-           "raise_for_status", "OutOfMemoryError"]
+__all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
+           "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize"]
 
 # ---- the benchmark -----------------------------------------------------------------------------
 
 
-def _batch_seed(cfg: TrainConfig, step: int) -> int:
-    # Global batch `step` is one draw from (seed, step), whatever the parallelism.
+def batch_seed(cfg: TrainConfig, step: int) -> int:
+    """The seed of global batch ``step``: one draw from (seed, step), whatever the parallelism."""
     return cfg.seed * 2**32 + step
 
 
@@ -70,7 +70,7 @@ def _batch(cfg: TrainConfig, work: workloads.Workload, step: int, ctx: parallel.
            device: torch.device):
     """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
     single process see the same global batch."""
-    inputs, target = work.make_batch(cfg.batch_size, seed=_batch_seed(cfg, step))
+    inputs, target = work.make_batch(cfg.batch_size, seed=batch_seed(cfg, step))
     size = cfg.batch_size // ctx.dp_size
     lo = size * ctx.dp_rank
     inputs, target = inputs[lo:lo + size].to(device), target[lo:lo + size].to(device)
@@ -109,12 +109,13 @@ def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloa
     return model, work
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _peak_mem_bytes(device: torch.device) -> tuple[int, str]:
+def peak_mem_bytes(device: torch.device) -> tuple[int, str]:
+    """This process's peak memory and its kind: the CUDA allocator's peak on a GPU, else ru_maxrss."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
     # ru_maxrss is in KiB on Linux (bytes on macOS) and covers the process's whole life.
@@ -131,6 +132,8 @@ def _count_reason(cfg: TrainConfig) -> str | None:
     if cfg.compile:
         # Compiled kernels run below the dispatcher: the counter would see a fraction of the ops.
         return "not counted under torch.compile (fused kernels bypass the dispatch-level counter)"
+    if cfg.parallelism == "pp":
+        return "not counted under pp (the schedule runs the stages' forward and backward)"
     if cfg.parallelism in ("tp", "fsdp_tp"):
         # Above DTensor's dispatch the counter sees sharded-weight matmuls at their global shape
         # and the ops between them at shard shape: neither one rank's count nor the sum is exact.
@@ -141,14 +144,8 @@ def _count_reason(cfg: TrainConfig) -> str | None:
 def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     """Train ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
     from perfkit.measuring.counting import OpCounter, coverage
-    from perfkit.core.cpu_share import cpu_share
-    from perfkit.core.devices import detect
 
-    device = torch.device(config_device(cfg))
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.reset_peak_memory_stats(device)
-    info = detect(str(device))
+    device = rank_device(cfg)
     model, work = _prepare(cfg, device)
     optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism, lr=cfg.lr)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
@@ -157,7 +154,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     losses, samples_s, data_s, counted = [], [], [], None
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
-        Path(cfg.trace_dir or ".") / f"rank{ctx.rank}.json.gz", device=device.type, skip_steps=cfg.warmup_steps)
+        trace_capture.rank_trace_path(cfg.trace_dir, ctx.rank), device=device.type, skip_steps=cfg.warmup_steps)
     # One precision policy (perfkit.core.precision): fp32 matmuls and cuDNN convolutions IEEE unless
     # cfg.precision is tf32; on ROCm tf32 also sets HIPBLASLT_ALLOW_TF32 for the run.
     with precision.math_mode(cfg.precision), profiler:
@@ -170,7 +167,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             if step >= cfg.warmup_steps:
                 data_s.append(time.perf_counter() - t_data)
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
-            _synchronize(device)
+            synchronize(device)
             t0 = time.perf_counter()
             with counter:  # forward and backward: what the analytic model FLOP describe
                 optimizer.zero_grad(set_to_none=True)
@@ -185,7 +182,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
                 scaler.update()
             else:
                 optimizer.step()
-            _synchronize(device)
+            synchronize(device)
             if step >= cfg.warmup_steps:
                 samples_s.append(time.perf_counter() - t0)
             if isinstance(counter, OpCounter):
@@ -196,20 +193,38 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     if ctx.dp_size > 1:  # the global-batch loss is the mean of the equal-sized slices' losses
         torch.distributed.all_reduce(losses_t)  # each slice's loss, once per rank that holds it
         losses_t /= ctx.world_size
-    peak, peak_kind = _peak_mem_bytes(device)
+    peak, peak_kind = peak_mem_bytes(device)
     held = memory_model.measured_model_state(model, optimizer)
     uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
     return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
             "data_time_samples_s": data_s, "trace_path": str(profiler.path) if profiler.path else None,
             "trace_reason": profiler.reason,
-            "peak_mem_bytes": peak, "peak_mem_kind": peak_kind, "n_params": work.n_params,
-            "n_params_non_embedding": work.n_params_non_embedding,
-            "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
             "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
             "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
-            "uncounted_ops": uncounted, "device": device.type, "device_kind": info.kind,
-            "device_name": info.name, "grad_scale": scaler.get_scale() if scaler else math.nan,
+            "uncounted_ops": uncounted, "grad_scale": scaler.get_scale() if scaler else math.nan,
+            **rank_facts(work, device)}
+
+
+def rank_device(cfg: TrainConfig) -> torch.device:
+    """This rank's device (its CUDA device under torchrun), its allocator peak reset."""
+    device = torch.device(config_device(cfg))
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.reset_peak_memory_stats(device)
+    return device
+
+
+def rank_facts(work: workloads.Workload, device: torch.device) -> dict:
+    """What a rank reports beside its measurements: the workload's sizes and its device."""
+    from perfkit.core.cpu_share import cpu_share
+    from perfkit.core.devices import detect
+
+    info = detect(str(device))
+    return {"n_params": work.n_params, "n_params_non_embedding": work.n_params_non_embedding,
+            "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "device": device.type, "device_kind": info.kind, "device_name": info.name,
             # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
             "device_compute_units": info.compute_units,
             "cpu_share": cpu_share().as_dict() if device.type == "cpu" else None}
@@ -260,6 +275,7 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "samples_per_s": cfg.batch_size / step_s,
         "tokens_per_s": tokens / step_s,
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rank_results),
+        "peak_mem_bytes_per_rank": [r["peak_mem_bytes"] for r in rank_results],
         "peak_mem_kind": first["peak_mem_kind"], "n_params": first["n_params"],
         "n_params_non_embedding": first["n_params_non_embedding"],
         "step_model_flop": model_flop,
@@ -287,7 +303,18 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
         **memory_model.row_columns(cfg, rank_results), "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
         **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
+        **(_pipeline_columns(cfg, rank_results) if cfg.parallelism == "pp" else {}),
     }
+
+
+def _pipeline_columns(cfg: TrainConfig, rank_results: list[dict]) -> dict:
+    """A pipeline row's bubble (:func:`perfkit.analyse.pipeline_bubble.row_columns`) and stages."""
+    return {**pipeline_bubble.row_columns(cfg.pp_schedule, cfg.n_microbatches, cfg.stages_per_rank,
+                                          [r["intervals"] for r in rank_results],
+                                          [r["window_samples_s"] for r in rank_results]),
+            "pp_stages": cfg.world_size * cfg.stages_per_rank,
+            "stages_per_rank_held": [r["stages"] for r in rank_results],
+            "stage_params_per_rank": [r["stage_params"] for r in rank_results]}
 
 
 def _median(values: list[float]) -> float:
@@ -360,65 +387,15 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
 
     device = config_device(cfg)
     cfg = with_trace_dir(cfg)
-    result = launch("perfkit.measuring.training:train_rank", cfg.as_dict(), world_size=cfg.world_size,
+    target = ("perfkit.measuring.pipeline:pipeline_rank" if cfg.parallelism == "pp"
+              else "perfkit.measuring.training:train_rank")
+    result = launch(target, cfg.as_dict(), world_size=cfg.world_size,
                     backend="nccl" if device == "cuda" else "gloo", timeout_s=timeout_s,
                     device=device)
     if result.status != OK:
         return {**base, "status": result.status, "error": result.error,
                 "failed_rank": result.failed_rank}
     return _row(cfg, list(result.rank_results))
-
-
-def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: float = 600.0,
-                        multiple_of: int | None = None, memory_budget_bytes: int | None = None) -> dict:
-    """Largest global batch in [start, limit] that trains without OOM: double from ``start``
-    until a run OOMs (or ``limit``), then bisect between the last fit and the first OOM down to
-    ``multiple_of`` (default: the data-parallel size). On CPU set
-    ``address_space_headroom_bytes``, or the kernel's OOM killer ends the search instead.
-
-    Returns ``max_batch_size`` (None if ``start`` does not fit), ``probes`` (batch size, status),
-    ``stopped_by`` (a row whose status was neither ok nor oom, else None) and, beside the measured
-    edge, ``max_batch_size_predicted`` by :func:`perfkit.measuring.memory_model.predicted_max_batch`
-    for ``memory_budget_bytes`` per rank (default: the address-space headroom, else the GPU's
-    memory; None without a budget) and the ``memory_budget_bytes`` it used.
-    """
-    step = multiple_of or cfg.dp_size
-    if not 1 <= start <= limit or start % step or step < 1:
-        raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
-    budget = memory_budget_bytes or cfg.address_space_headroom_bytes or (
-        torch.cuda.get_device_properties(0).total_memory if config_device(cfg) == "cuda" else None)
-    predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
-        cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget}
-    probes: list[tuple[int, str]] = []
-
-    def fits(batch: int) -> bool | dict:
-        row = run_training(replace(cfg, batch_size=batch), timeout_s)
-        probes.append((batch, row["status"]))
-        return True if row["status"] == OK else False if row["status"] == OOM else row
-
-    good, bad, batch = None, None, start
-    while True:
-        verdict = fits(batch)
-        if isinstance(verdict, dict):
-            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict, **predicted}
-        if not verdict:
-            bad = batch
-            break
-        good = batch
-        if batch >= limit:
-            break
-        batch = min(batch * 2, limit // step * step)
-        if batch <= good:
-            break
-    while good is not None and bad is not None and bad - good > step:
-        mid = (good + bad) // 2 // step * step
-        if mid <= good:
-            break
-        verdict = fits(mid)
-        if isinstance(verdict, dict):
-            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict, **predicted}
-        good, bad = (mid, bad) if verdict else (good, mid)
-    return {"max_batch_size": good, "probes": probes, "stopped_by": None, **predicted}
 
 
 class OutOfMemoryError(ExecutionFailed):

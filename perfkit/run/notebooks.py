@@ -54,6 +54,11 @@ class NotebookSpec:
     does not change the configuration ids, editing its code does."""
     imports: tuple[str, ...] = ()
     """Top-level import statements of its code cells (a warm kernel runs them in advance)."""
+    check: str | None = None
+    """``"module:function"`` from the notebook's metadata (``{"perfkit": {"check": ...}}``): called
+    with every parameter's value (defaults, overridden by the configuration's) before anything
+    runs, it raises :class:`BadInputError` for values the notebook's code would refuse, so a bad
+    value in a sweep fails in a second, with exit 2, not in a kernel minutes later."""
 
     @property
     def names(self) -> list[str]:
@@ -85,7 +90,38 @@ def read_notebook(path: str | Path) -> NotebookSpec:
     digest = hashlib.sha256("\n\x00".join(_source(c) for c in code).encode()).hexdigest()
     imports = tuple(stmt for c in code if c is not tagged[0] for stmt in _imports(_source(c)))
     return NotebookSpec(path=path, parameters=_parse_parameters(source, path), code_sha256=digest,
-                        imports=tuple(dict.fromkeys(imports)))
+                        imports=tuple(dict.fromkeys(imports)), check=_check_target(nb, path))
+
+
+def _check_target(nb: dict, path: Path) -> str | None:
+    meta = nb.get("metadata", {}).get("perfkit", {}) if isinstance(nb.get("metadata"), dict) else {}
+    target = meta.get("check") if isinstance(meta, dict) else None
+    if target is None:
+        return None
+    module, _, function = str(target).partition(":")
+    if not module or not function.isidentifier():
+        raise BadInputError(f"{path}: metadata perfkit.check must be 'module:function', got {target!r}")
+    return str(target)
+
+
+def _run_check(spec: NotebookSpec, params: Mapping[str, object]) -> None:
+    """Call the notebook's value check (:attr:`NotebookSpec.check`) on its full parameter set."""
+    import importlib
+
+    module, _, function = spec.check.partition(":")
+    try:
+        check = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as exc:
+        raise BadInputError(f"{spec.path}: its value check {spec.check!r} cannot be loaded ({exc}); "
+                            "fix the notebook's metadata perfkit.check") from None
+    values = {name: p.default for name, p in spec.parameters.items()} | dict(params)
+    try:
+        check(values)
+    except BadInputError as exc:
+        raise BadInputError(f"{spec.path.name} {json.dumps(dict(params), default=str)}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise BadInputError(f"{spec.path.name} {json.dumps(dict(params), default=str)}: "
+                            f"{type(exc).__name__}: {exc}") from None
 
 
 def _imports(source: str) -> list[str]:
@@ -166,9 +202,13 @@ def _type_ok(default: object, value: object) -> bool:
     return isinstance(value, type(default))
 
 
-def check_params(spec: NotebookSpec, params: Mapping[str, object]) -> dict[str, object]:
-    """Validate names and types against the notebook; return the values, ints widened to float
-    where the default is a float (so ``1`` and ``1.0`` are one configuration)."""
+def check_params(spec: NotebookSpec, params: Mapping[str, object], *,
+                 complete: bool = True) -> dict[str, object]:
+    """Validate names and types against the notebook, then the values with the notebook's own
+    check when it names one (:attr:`NotebookSpec.check`); return the values, ints widened to
+    float where the default is a float (so ``1`` and ``1.0`` are one configuration).
+    ``complete=False``: ``params`` are part of a configuration (a sweep's fixed parameters, an
+    exclusion rule): names and types only, the value check waits for the whole configuration."""
     checked: dict[str, object] = {}
     for name, value in params.items():
         param = spec.parameters.get(name)
@@ -181,6 +221,8 @@ def check_params(spec: NotebookSpec, params: Mapping[str, object]) -> dict[str, 
         if isinstance(value, tuple):
             value = list(value)
         checked[name] = value
+    if complete and spec.check is not None:
+        _run_check(spec, checked)
     return checked
 
 

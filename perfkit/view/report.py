@@ -228,6 +228,9 @@ SECTIONS: list[Section] = [
     Section(title="Roofline", select=_workload("roofline"), build=_roofline),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
     Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"), build=_training),
+    Section(title="Parallelism: memory per rank, throughput, pipeline bubble",
+            select=lambda df: _parallelism().parallel_rows(df),
+            build=lambda rows, all_rows: _parallelism().parallelism_section(rows, all_rows)),
     Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
@@ -236,6 +239,12 @@ SECTIONS: list[Section] = [
     Section(title="Traces", select=lambda df: _traces().traced_rows(df), links=True,
             build=lambda rows, all_rows, **where: _traces().traces_section(rows, all_rows, **where)),
 ]
+
+
+def _parallelism():
+    from .plots import parallelism
+
+    return parallelism
 
 
 def _traces():

@@ -196,9 +196,9 @@ def _matches(params: Mapping, rule: Mapping) -> bool:
     return all(k in params and params[k] == (list(v) if isinstance(v, tuple) else v) for k, v in rule.items())
 
 
-def _check(nb: NotebookSpec, params: Mapping, where: str) -> dict:
+def _check(nb: NotebookSpec, params: Mapping, where: str, *, complete: bool = False) -> dict:
     try:
-        return check_params(nb, params)
+        return check_params(nb, params, complete=complete)
     except UnknownParameterError as exc:
         raise BadInputError(f"{where}: {exc.reason}") from None
     except ParameterTypeError as exc:
@@ -226,7 +226,10 @@ def expand(spec: SweepSpec, *, check_interpreters: bool = True) -> list[Config]:
     seen: dict[str, Config] = {}
     for point, variant, round_ in interleaved(points, spec.variants, spec.rounds):
         nb = notebooks.get(point.part) or notebooks.setdefault(point.part, read_notebook(point.notebook))
-        params = {**point.params, **_check(nb, variant.parameters, "variant")} if variant else point.params
+        params = ({**point.params, **_check(nb, variant.parameters, "variant")} if variant
+                  else point.params)
+        if variant and variant.parameters:  # a new configuration: the notebook's value check
+            _check(nb, params, f"variant {variant.name!r}", complete=True)
         base = config_id(nb, params)
         cid = f"{base}-{variant.name}-r{round_}" if variant else f"{base}-r{round_}"
         if cid in seen:
@@ -265,6 +268,7 @@ def _points(spec: SweepSpec) -> list[Config]:
             params = {**fixed, **_check(nb, combo, f"{where} of {part.notebook.name}")}
             if any(_matches(params, rule) for rule in part.exclude):
                 continue
+            _check(nb, params, f"{where} of {part.notebook.name}", complete=True)
             cid = config_id(nb, params)
             if cid in seen:
                 raise BadInputError(f"duplicate configuration {params} ({where}; same as {seen[cid]})")

@@ -1,0 +1,81 @@
+"""The report's parallelism section: model state per rank per parallelism, measured beside the
+memory model, throughput and memory against the batch, and the pipeline bubble when pp rows exist.
+Rows are written as real Parquet files and the report opened in a real headless Chromium."""
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perfkit.analyse import pipeline_bubble as pb
+from perfkit.core.env import fingerprint, flat_columns
+from perfkit.core.results import write_rows
+from perfkit.view.report import write_report
+
+MIB = 10**6  # display_scale is SI: the plot shows MB
+
+
+def _row(parallelism, batch, *, param, grad, optim, predicted, **extra):
+    return {"workload": "train_step", "status": "ok", "error": None, "model": "transformer",
+            "precision": "fp32", "world_size": 2, "parallelism": parallelism, "batch_size": batch,
+            "step_time_s": 0.01 * batch, "step_time_iqr_s": 0.0001, "samples_per_s": 100.0, "tokens_per_s": 1600.0, "noisy": False,
+            "peak_mem_bytes": 400 * MIB, "peak_mem_kind": "cpu_max_rss", "param_bytes": param,
+            "grad_bytes": grad, "optim_state_bytes": optim, "model_state_bytes_predicted": predicted,
+            "mfu": 0.01, "mfu_convention": "6N", "config_id": f"{parallelism}-{batch}", **extra}
+
+
+def _rows(with_pp: bool) -> pd.DataFrame:
+    rows = [_row(p, b, param=4 * MIB, grad=g * MIB, optim=o * MIB, predicted=(4 + g + o) * MIB)
+            for p, g, o in (("ddp", 4, 8), ("zero1", 4, 4)) for b in (8, 32)]
+    if with_pp:
+        rows += [_row("pp", 16, param=2 * MIB, grad=2 * MIB, optim=4 * MIB, predicted=8 * MIB,
+                      pp_schedule="1F1B", n_microbatches=m, stages_per_rank=1, bubble_fraction=b,
+                      bubble_fraction_predicted=pb.predicted_bubble_fraction("1F1B", 2, m))
+                 for m, b in ((2, 0.4), (8, 0.15))]
+    rows.append({**_row("none", 8, param=4 * MIB, grad=4 * MIB, optim=8 * MIB, predicted=16 * MIB),
+                 "world_size": 1})
+    return pd.DataFrame(rows)
+
+
+def test_model_state_bars_stack_what_each_rank_holds_beside_the_prediction():
+    hv = pytest.importorskip("holoviews")
+    from perfkit.view.plots.parallelism import model_state_per_rank, parallel_rows
+
+    rows = _rows(with_pp=True)
+    assert set(parallel_rows(rows)["parallelism"]) == {"ddp", "zero1", "pp"}  # not 'none'
+    overlay = model_state_per_rank(rows)
+    bars = next(e for e in overlay if isinstance(e, hv.Bars))
+    held = bars.data.pivot_table(index="series", columns="part", values="size")
+    # One bar per parallelism (batch sizes collapse: model state does not depend on them), in MB.
+    assert held.loc["zero1×2"].to_dict() == {"gradients": 4, "optimizer state": 4, "parameters": 4}
+    assert held.loc["ddp×2", "optimizer state"] == 8 and held.loc["pp×2", "parameters"] == 2
+    predicted = next(e for e in overlay if isinstance(e, hv.Scatter)).data.set_index("series")["predicted"]
+    assert predicted.to_dict() == {"ddp×2": 16, "pp×2": 8, "zero1×2": 12}
+
+
+def test_the_report_has_the_parallelism_section_and_the_bubble_only_with_pipeline_rows(tmp_path):
+    env = flat_columns(fingerprint("cpu"))
+    for with_pp in (False, True):
+        out = tmp_path / str(with_pp)
+        write_rows(_rows(with_pp).assign(**env), out / "results" / "rows.parquet")
+        html = write_report(out, out / "report.html").read_text()
+        assert "Parallelism: memory per rank, throughput, pipeline bubble" in html
+        assert "Model state per rank" in html
+        assert ("Pipeline bubble" in html) is with_pp
+
+
+@pytest.mark.slow
+def test_the_parallelism_section_renders_in_a_real_browser(tmp_path):
+    from jupyterlab_driver import report_page
+
+    write_rows(_rows(True).assign(**flat_columns(fingerprint("cpu"))), tmp_path / "results" / "r.parquet")
+    report = write_report(tmp_path, tmp_path / "report.html")
+    with report_page(report) as opened:
+        page = opened.page
+        page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0", timeout=30_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(Path(os.environ.get("PERFKIT_SCREENSHOT_DIR", tmp_path)) / "parallelism.png"),
+                        full_page=True)
+    assert not opened.errors, opened.errors
+    assert not opened.failed, opened.failed
