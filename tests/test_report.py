@@ -77,6 +77,10 @@ def test_report_renders_in_a_real_browser(results_dir):
     if chromium is None:
         pytest.skip("no Chromium on this machine: `make test` installs Debian's chromium when run as root")
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
+    from test_parallelism_report import parallel_train_rows  # training and parallelism sections too
+
+    write_rows(parallel_train_rows(with_pp=True).assign(**flat_columns(fingerprint("cpu"))),
+               results_dir / "results" / "parallel.parquet")
     report = write_report(results_dir, results_dir / "report.html")
     errors, console = [], []
     with playwright.sync_playwright() as p:
@@ -113,5 +117,7 @@ def test_report_renders_in_a_real_browser(results_dir):
     assert not dialogs, dialogs  # the <script> label never ran
     assert not [text for kind, text in console if kind == "error"], console
     assert n_plots >= 1 and n_canvas >= n_plots
+    for title in ("GEMM throughput", "Training step", "Parallelism: memory per rank"):  # (plot titles: canvas)
+        assert title in body_text, title
     assert "OutOfMemoryError: <script>alert('pwned')</script>" in body_text  # shown as text
     assert shot.stat().st_size > 10_000
