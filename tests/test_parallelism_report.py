@@ -52,6 +52,16 @@ def test_model_state_bars_stack_what_each_rank_holds_beside_the_prediction():
     assert predicted.to_dict() == {"ddp×2": 16, "pp×2": 8, "zero1×2": 12}
 
 
+def test_pipeline_rows_are_a_line_per_schedule_and_microbatch_count():
+    hv = pytest.importorskip("holoviews")
+    from perfkit.view.plots.parallelism import parallelism_section
+
+    layout = parallelism_section(None, parallel_train_rows(with_pp=True))
+    throughput = next(p for p in layout if "throughput" in p.opts.get().kwargs.get("title", "").lower())
+    labels = sorted({c.label for c in throughput if isinstance(c, hv.Curve)})
+    assert labels == ["fp32 ddp×2", "fp32 pp 1F1B m=2×2", "fp32 pp 1F1B m=8×2", "fp32 zero1×2"]
+
+
 def test_the_report_has_the_parallelism_section_and_the_bubble_only_with_pipeline_rows(tmp_path):
     env = flat_columns(fingerprint("cpu"))
     for with_pp in (False, True):

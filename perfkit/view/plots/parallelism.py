@@ -66,12 +66,28 @@ def model_state_per_rank(df: pd.DataFrame):
                                      "dash: memory model)", show_grid=True)
 
 
+def _pipeline_setting(rows: pd.DataFrame) -> pd.Series:
+    """``parallelism``, spelled ``pp 1F1B m=4`` (``v=2`` when interleaved) for pipeline rows."""
+    label = rows["parallelism"].astype(str)
+    if not {"pp_schedule", "n_microbatches"} <= set(rows):
+        return label
+    pp = label == "pp"
+    setting = ("pp " + rows["pp_schedule"].astype(str) + " m="
+               + rows["n_microbatches"].fillna(0).astype(int).astype(str))
+    if "stages_per_rank" in rows:
+        v = rows["stages_per_rank"].fillna(1).astype(int)
+        setting = setting.where(v == 1, setting + " v=" + v.astype(str))
+    return label.where(~pp, setting)
+
+
 def parallelism_section(rows: pd.DataFrame, all_rows: pd.DataFrame):
     """The report section: model state per rank, throughput and peak memory per rank against the
     batch for each parallelism, and the pipeline bubble when pipeline rows are present."""
     hv = hv_bokeh()
     parallel = parallel_rows(all_rows)
-    plots = [model_state_per_rank(parallel), throughput_vs_batch(parallel), memory_vs_batch(parallel)]
+    # A pipeline's line per schedule and microbatch count: each is its own way of running the step.
+    by_setting = parallel.assign(parallelism=_pipeline_setting(parallel))
+    plots = [model_state_per_rank(parallel), throughput_vs_batch(by_setting), memory_vs_batch(by_setting)]
     if (parallel["parallelism"] == "pp").any():
         plots.append(bubble_vs_microbatches(parallel))
     return hv.Layout(plots).cols(1)
