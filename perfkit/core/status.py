@@ -7,8 +7,12 @@ is an ``oom`` wherever it happens.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "FINISHED"]
+from .errors import ConfigurationSkipped, ExecutionFailed
+
+__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "FINISHED",
+           "OutOfMemoryError", "raise_for_status"]
 
 OK, FAILED, OOM, TIMEOUT, KILLED, SKIPPED = "ok", "failed", "oom", "timeout", "killed", "skipped"
 STATUSES = (OK, FAILED, OOM, TIMEOUT, KILLED, SKIPPED)
@@ -40,3 +44,21 @@ def status_for_error(error_name: str, message: str = "") -> str:
     if short in {"RuntimeError", "AcceleratorError"} and _OOM_TEXT.search(message or ""):
         return OOM
     return FAILED
+
+
+class OutOfMemoryError(ExecutionFailed):
+    """A configuration's row ended ``oom``; the class name is what makes the notebook runner
+    classify the execution as ``oom`` (:func:`status_for_error`)."""
+
+
+def raise_for_status(row: Mapping) -> None:
+    """For a notebook, after recording ``row``: return if it is ``ok``; otherwise stop the
+    notebook the way its status says (skipped: :class:`ConfigurationSkipped`; oom:
+    :class:`OutOfMemoryError`; failed, timeout, killed: :class:`ExecutionFailed`)."""
+    status, reason = row["status"], row.get("error") or ""
+    if status == OK:
+        return
+    if status == SKIPPED:
+        raise ConfigurationSkipped(reason)
+    error = OutOfMemoryError if status == OOM else ExecutionFailed
+    raise error(status=status, error_name=f"{row.get('workload', 'configuration')} {status}", message=reason)

@@ -24,7 +24,10 @@ Conventions (stated here because every number depends on them):
   outputs written once, at the dtype's element size. Ranges are keyed by storage so a tensor
   and its views (``x`` and ``x.t()``) count once, and broadcast (stride-0) dimensions count
   once. Gathers count what they touch: embedding reads min(#indices, vocab) rows, nll_loss one
-  log-probability per target. Counting reads metadata only, never tensor values (no sync).
+  log-probability per target. In-place index writes (``index_copy_``, ``index_put_``: a KV
+  cache's new entries) read the values and indices and write as many elements as the values
+  hold, not the whole tensor written into. Counting reads metadata only, never tensor values
+  (no sync).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ copy _to_copy clone contiguous _copy_from _copy_from_and_resize lift_fresh_copy 
 gather cat stack constant_pad_nd flip roll repeat tril triu index _unsafe_index index_put
 _index_put_impl scatter slice_scatter select_scatter as_strided_scatter masked_select
 _local_scalar_dense masked_scatter select_backward slice_backward diagonal_backward
-unfold_backward index_select_backward
+unfold_backward index_select_backward index_copy
 """.split())
 _FACTORIES = frozenset("""
 zeros ones full zeros_like ones_like full_like fill zero arange scalar_tensor rand randn
@@ -180,6 +183,8 @@ def op_rule(func, args, kwargs, out) -> tuple[str, int, tuple[float, float] | No
             per = (_GELU_TANH if tanh else _ELEMENTWISE["gelu"]) * (2 if "backward" in base else 1)
         numel = _numel(args[0]) if name.startswith("_foreach_") else _first_numel(out)
         return "elementwise", per * numel, None
+    if name in _SCATTER_IN_PLACE:
+        return "other", 0, _scatter_in_place_bytes(name, args)
     if base == "copy":  # copy_(dst, src) overwrites dst without reading it
         return "elementwise", 0, (distinct_bytes(tensors_in(args[1:])), distinct_bytes(tensors_in(out)))
     if base in _COPIES:
@@ -207,6 +212,35 @@ def op_rule(func, args, kwargs, out) -> tuple[str, int, tuple[float, float] | No
     if base in ("mse_loss", "mse_loss_backward"):
         return "loss", 3 * args[0].numel(), None
     return None
+
+
+# In-place writes of a few rows into a big tensor (a KV cache's new position: HF StaticCache's
+# index_copy_, gpt-fast's index_put_): name → index of the values written.
+_SCATTER_IN_PLACE = {"index_copy_": 3, "index_put_": 2, "_index_put_impl_": 2}
+
+
+def _scatter_in_place_bytes(name: str, args) -> tuple[float, float]:
+    """Reads the indices and the values, writes as many elements of ``self`` as there are values
+    (each written once); the rest of ``self`` is neither read nor written. Accumulating
+    ``index_put_`` also reads the elements it adds to."""
+    values = args[_SCATTER_IN_PLACE[name]]
+    written = max(values.numel(), _indexed_elements(name, args)) * args[0].element_size()
+    accumulate = name != "index_copy_" and len(args) > 3 and bool(args[3])
+    read = distinct_bytes(tensors_in(args[1:])) + (written if accumulate else 0)
+    return float(read), float(written)
+
+
+def _indexed_elements(name: str, args) -> int:
+    """Elements of ``self`` an ``index_put_`` writes (values may broadcast); 0 when metadata
+    cannot tell (a boolean mask: its count is in the values of the mask)."""
+    if name == "index_copy_":
+        return 0
+    self_, indices = args[0], list(args[1])
+    picked = [i for i in indices if i is not None]
+    if not picked or any(i.dtype in (torch.bool, torch.uint8) for i in picked):
+        return 0
+    rest = [n for d, n in enumerate(self_.shape) if d >= len(indices) or indices[d] is None]
+    return math.prod(torch.broadcast_shapes(*(i.shape for i in picked))) * math.prod(rest)
 
 
 def _nll(name: str, args, out) -> tuple[int, tuple[float, float]]:

@@ -41,7 +41,6 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -49,8 +48,8 @@ from torch import nn
 
 from perfkit.analyse import mfu, pipeline_bubble
 from perfkit.core import precision
-from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
-from perfkit.core.status import OK, OOM, SKIPPED, status_for_error
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, raise_for_status, status_for_error  # noqa: F401 - the notebooks call training.raise_for_status
 from perfkit.core.timing import Measurement
 from perfkit.measuring import memory_model, parallel, trace_capture, workloads
 from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
@@ -397,20 +396,3 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
                 "failed_rank": result.failed_rank}
     return _row(cfg, list(result.rank_results))
 
-
-class OutOfMemoryError(ExecutionFailed):
-    """A training run ended ``oom``; the class name is what makes the notebook runner classify
-    the execution as ``oom`` (:func:`perfkit.core.status.status_for_error`)."""
-
-
-def raise_for_status(row: Mapping) -> None:
-    """For a notebook, after recording ``row``: return if it is ``ok``; otherwise stop the
-    notebook the way its status says (skipped: :class:`ConfigurationSkipped`; oom:
-    :class:`OutOfMemoryError`; failed, timeout, killed: :class:`ExecutionFailed`)."""
-    status, reason = row["status"], row.get("error") or ""
-    if status == OK:
-        return
-    if status == SKIPPED:
-        raise ConfigurationSkipped(reason)
-    error = OutOfMemoryError if status == OOM else ExecutionFailed
-    raise error(status=status, error_name=f"train_step {status}", message=reason)

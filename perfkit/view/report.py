@@ -231,6 +231,8 @@ SECTIONS: list[Section] = [
     Section(title="Parallelism: memory per rank, throughput, pipeline bubble",
             select=lambda df: _parallelism().parallel_rows(df),
             build=lambda rows, all_rows: _parallelism().parallelism_section(rows, all_rows)),
+    Section(title="Inference: TTFT, TPOT, throughput vs latency, prefill and decode on the roofline",
+            select=_workload("inference"), build=lambda rows, all_rows: _plots("inference").inference_section(rows, all_rows)),
     Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
@@ -242,9 +244,14 @@ SECTIONS: list[Section] = [
 
 
 def _parallelism():
-    from .plots import parallelism
+    return _plots("parallelism")
 
-    return parallelism
+
+def _plots(name: str):
+    """``view.plots.<name>``, imported when its section is drawn (holoviews work only then)."""
+    import importlib
+
+    return importlib.import_module(f"{__package__}.plots.{name}")
 
 
 def _traces():
