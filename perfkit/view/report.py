@@ -233,6 +233,8 @@ SECTIONS: list[Section] = [
             build=lambda rows, all_rows: _parallelism().parallelism_section(rows, all_rows)),
     Section(title="Inference: TTFT, TPOT, throughput vs latency, prefill and decode on the roofline",
             select=_workload("inference"), build=lambda rows, all_rows: _plots("inference").inference_section(rows, all_rows)),
+    Section(title="Data loading: throughput vs workers, data wait, stalls", select=_workload("dataloader"),
+            build=lambda rows, all_rows: _plots("dataloading").dataloading_section(rows, all_rows)),
     Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),

@@ -1,0 +1,179 @@
+"""Data-loading plots: step throughput against workers per format, the step split into compute
+and data wait, the DS-Analyzer stall split, and the recommendation table.
+
+Rows are :func:`perfkit.measuring.dataloading.run_loader_benchmark` rows (``workload ==
+"dataloader"``); only ``ok`` ones are drawn. One line per series: the format, plus pinning and
+whatever other setting varies among the rows (decode cost, batch size, ...). Noisy points (step
+time IQR/median > 0.1) are hollow; the recommended setting of each series' group is a star.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from perfkit.analyse import dataloading as analysis
+
+from ._common import hv_bokeh, ok_rows
+
+__all__ = ["throughput_vs_workers", "step_breakdown", "stall_bars", "recommendation_table",
+           "dataloading_summary", "dataloading_section"]
+
+_WORKLOAD = "dataloader"
+#: Settings that join the series label when they vary among the rows.
+_VARYING = ("decode_cost_s", "fetch_delay_s", "batch_size", "sample_bytes", "rows_per_group", "model",
+            "step_compute_s", "decode_clock", "prefetch_factor_effective", "persistent_workers",
+            "start_method", "resolved_device")
+_PART_COLORS = {"compute": "#4c78a8", "data wait": "#e45756", "ceiling (compute)": "#4c78a8",
+                "prep stall": "#f58518", "fetch stall": "#e45756"}
+
+
+def _rows(df: pd.DataFrame) -> pd.DataFrame:
+    if "workload" in df:
+        df = df[df["workload"] == _WORKLOAD]
+    rows = ok_rows(df)
+    return rows[rows["step_time_s"].notna()].copy() if "step_time_s" in rows else rows.iloc[0:0]
+
+
+def _series(df: pd.DataFrame) -> pd.Series:
+    label = df["format"].astype(str)
+    if "pin_memory_applied" in df and df["pin_memory_applied"].astype(str).nunique() > 1:
+        label = label + df["pin_memory_applied"].map({True: " pinned", False: ""}).fillna("")
+    for col in _VARYING:
+        if col in df and df[col].astype(str).nunique() > 1:
+            label = label + f" {col}=" + df[col].astype(str)
+    return label
+
+
+def _ms(values) -> pd.Series:
+    return pd.Series(values, dtype=float) * 1e3
+
+
+def _empty(what: str):
+    return hv_bokeh().Div(f"<p>No data-loading rows with status ok and {what}.</p>")
+
+
+def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s"):
+    """Step throughput (``step_samples_per_s``; or loader-only ``samples_per_s``) against
+    ``num_workers``, one line per series; hollow: noisy; star: the recommended setting."""
+    hv = hv_bokeh()
+    rows = _rows(df)
+    if rows.empty or metric not in rows:
+        return _empty(metric)
+    rows["series"] = _series(rows)
+    rows["noisy"] = rows["noisy"].fillna(False).astype(bool) if "noisy" in rows else False
+    rows["data_wait_pct"] = 100 * rows["data_wait_share"].astype(float)
+    rows["bound"] = rows["bound"].astype(str)
+    vdims = ["series", "bound", "data_wait_pct", "noisy"]
+    hover = [("series", "@series"), ("workers", "@num_workers"), ("throughput", f"@{metric}{{0.0}} samples/s"),
+             ("median data wait", "@data_wait_pct{0.0} % of the step"), ("bound", "@bound"), ("noisy", "@noisy")]
+    elements = []
+    for series, group in rows.groupby("series", sort=True):
+        data = group.sort_values("num_workers")[["num_workers", metric, *vdims]]
+        elements.append(hv.Curve(data, "num_workers", [metric, *vdims], label=series))
+        elements.append(hv.Scatter(data, "num_workers", [metric, *vdims], label=series).opts(
+            tools=["hover"], hover_tooltips=hover, size=9,
+            fill_alpha=hv.dim("noisy").categorize({True: 0.0, False: 1.0}, default=1.0)))
+    if metric == "step_samples_per_s":
+        rec = analysis.recommend(rows)
+        if not rec.empty:
+            stars = pd.DataFrame({"num_workers": rec["recommended_num_workers"],
+                                  metric: rec[f"recommended_{metric}"]})
+            elements.append(hv.Scatter(stars, "num_workers", metric, label="recommended").opts(
+                marker="star", size=18, color="gold", line_color="black"))
+    what = "step throughput" if metric == "step_samples_per_s" else "loader-only throughput"
+    return hv.Overlay(elements).opts(
+        hv.opts.Overlay(title=f"Data loading: {what} vs workers (hollow: noisy; ★ recommended)",
+                        xlabel="num_workers", ylabel="samples/s", width=760, height=400,
+                        legend_position="bottom_right", show_grid=True))
+
+
+def _label(row) -> str:
+    pin = " pinned" if row.get("pin_memory_applied") in (True, 1) else ""
+    return f"{row['series']} w{int(row['num_workers'])}{pin}"
+
+
+def step_breakdown(df: pd.DataFrame):
+    """One stacked bar per row: the mean step split into compute (after ``next()``: copy and
+    compute) and data wait (blocked in ``next()``), in ms."""
+    hv = hv_bokeh()
+    rows = _rows(df)
+    if rows.empty or "data_wait_samples_s" not in rows:
+        return _empty("per-step samples")
+    rows["series"] = _series(rows)
+    rows = rows.sort_values(["series", "num_workers"])
+    records = []
+    for (_, row), (_, part) in zip(rows.iterrows(), analysis.breakdown(rows).iterrows()):
+        for name, col in (("compute", "mean_compute_s"), ("data wait", "mean_data_wait_s")):
+            records.append({"configuration": _label(row), "part": name, "time_ms": part[col] * 1e3,
+                            "share_pct": 100 * part[col] / part["mean_step_time_s"],
+                            "bound": str(row.get("bound"))})
+    data = pd.DataFrame(records)
+    hover = [("configuration", "@configuration"), ("part", "@part"), ("mean per step", "@time_ms{0.00} ms"),
+             ("share", "@share_pct{0.0} %"), ("bound", "@bound")]
+    return hv.Bars(data, ["configuration", "part"], ["time_ms", "share_pct", "bound"]).opts(
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=760, height=400, xrotation=30,
+        cmap=_PART_COLORS, color="part", legend_position="top_right", show_grid=True,
+        title="Mean step time: compute and data wait", xlabel="configuration", ylabel="time per step (ms)")
+
+
+def stall_bars(df: pd.DataFrame):
+    """DS-Analyzer's split of the cold step per row with stall attribution: the ceiling (compute
+    with the data already on the device), the prep stall and the fetch stall (negative
+    differences, noise, drawn as 0 and shown signed in the hover)."""
+    hv = hv_bokeh()
+    rows = _rows(df)
+    if rows.empty or "ceiling_step_time_s" not in rows:
+        return _empty("stall attribution")
+    rows = rows[rows["ceiling_step_time_s"].notna()]
+    if rows.empty:
+        return _empty("stall attribution")
+    rows = rows.copy()
+    rows["series"] = _series(rows)
+    records = []
+    for _, row in rows.sort_values(["series", "num_workers"]).iterrows():
+        for name, col in (("ceiling (compute)", "ceiling_step_time_s"), ("prep stall", "prep_stall_s"),
+                          ("fetch stall", "fetch_stall_s")):
+            value = float(row[col])
+            records.append({"configuration": _label(row), "part": name, "time_ms": max(value, 0.0) * 1e3,
+                            "signed_ms": value * 1e3})
+    data = pd.DataFrame(records)
+    hover = [("configuration", "@configuration"), ("part", "@part"), ("per step", "@signed_ms{0.00} ms")]
+    return hv.Bars(data, ["configuration", "part"], ["time_ms", "signed_ms"]).opts(
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=760, height=400, xrotation=30,
+        cmap=_PART_COLORS, color="part", legend_position="top_right", show_grid=True,
+        title="Stall attribution (DS-Analyzer): ceiling, prep and fetch stall per step",
+        xlabel="configuration", ylabel="time per step (ms)")
+
+
+def recommendation_table(df: pd.DataFrame):
+    """The recommendation of every group of rows (:func:`perfkit.analyse.dataloading.recommend`)."""
+    hv = hv_bokeh()
+    rec = analysis.recommend(_rows(df))
+    if rec.empty:
+        return _empty("a step throughput")
+    shown = {"format": "format", "decode_cost_s": "decode s", "batch_size": "batch",
+             "recommended_num_workers": "workers", "recommended_pin_memory": "pin_memory",
+             "recommended_step_samples_per_s": "samples/s", "fraction_of_best": "of best",
+             "recommended_bound": "bound", "best_num_workers": "best workers", "rows_compared": "rows"}
+    table = rec[[c for c in shown if c in rec]].rename(columns=shown).copy()
+    for col in ("samples/s", "of best"):
+        if col in table:
+            table[col] = table[col].astype(float).round(3)
+    return hv.Table(table.astype(str)).opts(
+        width=760, height=min(60 + 28 * len(table), 400),
+        title=f"Recommendation: fewest workers reaching {analysis.RECOMMEND_FRACTION:.0%} of the best step throughput")
+
+
+def dataloading_summary(df: pd.DataFrame):
+    """Recommendation, throughput vs workers, step breakdown and (when measured) the stall split."""
+    hv = hv_bokeh()
+    rows = _rows(df)
+    panels = [recommendation_table(rows), throughput_vs_workers(rows), step_breakdown(rows)]
+    if "ceiling_step_time_s" in rows and rows["ceiling_step_time_s"].notna().any():
+        panels.append(stall_bars(rows))
+    return hv.Layout(panels).cols(1)
+
+
+def dataloading_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None):
+    """The report section's build function: ``rows`` are the ok ``dataloader`` rows."""
+    return dataloading_summary(rows)

@@ -1,0 +1,98 @@
+"""The benchmark's synthetic datasets: every format reads back what was generated, the cache is
+reused and never serves a half-written dataset, and the decode meets its cost on both clocks."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO
+from perfkit.core.errors import BadInputError
+from perfkit.measuring import datasets
+
+
+@pytest.mark.parametrize("fmt", datasets.FORMATS)
+def test_each_format_reads_back_the_generated_samples_in_random_order_and_is_generated_once(tmp_path, fmt):
+    # 70 samples in row groups of 32: three groups, the last one partial.
+    spec = datasets.DatasetSpec(format=fmt, n_samples=70, sample_bytes=300, rows_per_group=32, seed=3)
+    path, made = datasets.ensure(spec, tmp_path)
+    assert made and path.parent == tmp_path
+    ds = datasets.reader(path, spec, out_shape=(5, 7))
+    for i in np.random.default_rng(0).permutation(70):
+        raw = ds.read_raw(int(i))
+        np.testing.assert_array_equal(raw, datasets.sample_raw(spec, int(i)))
+    # A reader with its handle open pickles without it (spawned workers get it so) and reopens.
+    clone = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(clone.read_raw(33), datasets.sample_raw(spec, 33))
+    sample = ds[69]
+    assert sample.dtype == torch.float32 and tuple(sample.shape) == (5, 7)
+    np.testing.assert_allclose(sample.numpy().ravel(), datasets.decode(datasets.sample_raw(spec, 69))[:35])
+    with pytest.raises(IndexError):
+        ds[70]
+    mtime = (path / "dataset.json").stat().st_mtime_ns
+    again, made_again = datasets.ensure(spec, tmp_path)
+    assert (again, made_again) == (path, False)
+    assert (path / "dataset.json").stat().st_mtime_ns == mtime  # reused, not rewritten
+    other, _ = datasets.ensure(datasets.DatasetSpec(format=fmt, n_samples=70, sample_bytes=300,
+                                                    rows_per_group=32, seed=4), tmp_path)
+    assert other != path  # the key covers every parameter
+    assert datasets.evict_page_cache(path)
+
+
+def test_the_default_cache_is_under_perfkit_out_else_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("PERFKIT_OUT", str(tmp_path))
+    assert datasets.default_cache_dir() == tmp_path / "datasets"
+    monkeypatch.delenv("PERFKIT_OUT")
+    assert datasets.default_cache_dir() == datasets.Path.home() / ".cache" / "perfkit" / "datasets"
+
+
+def test_an_unknown_format_is_bad_input():
+    with pytest.raises(BadInputError, match="unknown format 'tfrecord'; use one of parquet, lmdb, files, mmap"):
+        datasets.DatasetSpec(format="tfrecord")
+
+
+_KILLED_MIDWAY = """
+import os, signal, sys
+from perfkit.measuring import datasets
+real = datasets._write_files
+def half_then_killed(spec, root):
+    datasets.np.save(root / "half.npy", datasets.sample_raw(spec, 0))
+    (root / "samples").mkdir()
+    datasets.np.save(root / "samples" / "00000000.npy", datasets.sample_raw(spec, 0))
+    os.kill(os.getpid(), signal.SIGKILL)
+datasets._WRITERS["files"] = half_then_killed
+datasets.ensure(datasets.DatasetSpec(format="files", n_samples=20, sample_bytes=64), sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_a_generation_killed_midway_is_never_reused_and_its_leftovers_are_removed(tmp_path):
+    spec = datasets.DatasetSpec(format="files", n_samples=20, sample_bytes=64)
+    out = subprocess.run([sys.executable, "-c", _KILLED_MIDWAY, str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == -9, out.stderr
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".tmp-"), leftovers  # never the dataset's name
+    assert not (tmp_path / spec.name).exists()
+    path, made = datasets.ensure(spec, tmp_path)
+    assert made
+    assert [p.name for p in tmp_path.iterdir()] == [spec.name]  # the dead generation's temp is gone
+    assert len(list((path / "samples").iterdir())) == 20
+
+
+@pytest.mark.parametrize("clock,tick", [("thread", time.thread_time), ("wall", time.perf_counter)])
+def test_the_decode_lasts_its_cost_on_its_clock_and_its_values_do_not_depend_on_it(clock, tick):
+    raw = np.arange(20_000, dtype=np.int64).astype(np.uint8)
+    plain = datasets.decode(raw)
+    t0 = tick()
+    costly = datasets.decode(raw, 0.005, clock)
+    spent = tick() - t0
+    # Until the clock says so; on the thread clock that is CPU time, which a sleep would not spend.
+    assert spent >= 0.005
+    np.testing.assert_array_equal(plain, costly)
