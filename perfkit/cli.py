@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -94,6 +95,60 @@ def _cmd_peaks(args) -> int:
     return EXIT_OK
 
 
+_EXPORT_HELP = """\
+Put a results folder where teams already look.
+
+  perfkit export DIR --to mlflow [--tracking-uri URI] [--experiment NAME]
+      One MLflow run per configuration, nested under one parent run for DIR: parameters as
+      params, numeric columns as metrics (units stay in the names: step_time_s, tokens_per_s),
+      the environment fingerprint (env_*) and the status (perfkit.status, perfkit.reason) as
+      tags; the executed notebook, the Parquet rows and any trace as artifacts. Failed, oom,
+      timeout and skipped configurations are exported too. Exporting again adds no runs (they
+      are found by config id); a configuration whose rows changed is updated. Default store:
+      sqlite:///DIR/mlflow/mlflow.db (nothing needs to run; look with
+      `mlflow ui --backend-store-uri sqlite:///DIR/mlflow/mlflow.db`); any tracking server
+      URI (http://host:5000) works the same. Needs: pip install 'perfkit[mlflow]'.
+
+  perfkit export DIR --to tensorboard LOGDIR
+      One run directory per configuration, LOGDIR/<swept parameters>,<config id>, with its
+      numeric columns as scalars and its parameters and status as hparams, so TensorBoard's
+      HParams tab compares configurations (tensorboard --logdir LOGDIR). Exporting again
+      replaces the runs it wrote. Needs: pip install 'perfkit[tensorboard]'.
+
+Exit 2 on bad input (no results under DIR, unknown --to, a missing extra) before anything is written.
+"""
+
+_EXPORTERS = ("mlflow", "tensorboard")
+
+
+def _cmd_export(args) -> int:
+    target, logdir = args.to[0], args.to[1:]
+    if target not in _EXPORTERS:
+        raise BadInputError(f"--to {target!r}: export to one of {', '.join(_EXPORTERS)}")
+    if target == "mlflow":
+        from .view.export_mlflow import export_mlflow, require_mlflow
+
+        if logdir:
+            raise BadInputError(f"--to mlflow takes no LOGDIR (got {' '.join(logdir)}); a store: --tracking-uri URI")
+        require_mlflow()
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not MLflow's INFO lines on creating a store
+        done = export_mlflow(args.dir, tracking_uri=args.tracking_uri, experiment=args.experiment)
+        print(f"mlflow: {len(done.runs)} configurations in experiment {args.experiment!r} "
+              f"({done.created} created, {done.updated} updated, {done.unchanged} unchanged), "
+              f"parent run {done.parent_run_id}\n  tracking URI: {done.tracking_uri}")
+        return EXIT_OK
+    from .view.export_tensorboard import export_tensorboard, require_tensorboard
+
+    if len(logdir) != 1:
+        raise BadInputError("--to tensorboard needs one LOGDIR: perfkit export DIR --to tensorboard LOGDIR")
+    if args.tracking_uri or args.experiment != "perfkit":
+        raise BadInputError("--tracking-uri and --experiment are for --to mlflow")
+    require_tensorboard()
+    done = export_tensorboard(args.dir, logdir[0])
+    print(f"tensorboard: {len(done.runs)} configurations → {done.logdir} (tensorboard --logdir {done.logdir})")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfkit",
@@ -134,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default=None)
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser("export", help="results into MLflow runs or TensorBoard runs (HParams), idempotent",
+                       description=_EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", help="a results directory (a sweep's --out, a run's --out)")
+    p.add_argument("--to", required=True, nargs="+", metavar=("TARGET", "LOGDIR"),
+                   help="mlflow, or tensorboard LOGDIR (the folder for the runs)")
+    p.add_argument("--tracking-uri", metavar="URI",
+                   help="MLflow tracking URI (default: sqlite:///DIR/mlflow/mlflow.db, a local store under DIR)")
+    p.add_argument("--experiment", default="perfkit", metavar="NAME", help="MLflow experiment (default: perfkit)")
+    p.set_defaults(func=_cmd_export)
+
     # Imported unguarded: `sweep` and `new` are part of perfkit, and a broken install (a missing
     # dependency, a syntax error) must show its traceback, not a CLI without those commands.
     from .run.sweep.cli import add_sweep_commands
@@ -145,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .view.trace import add_trace_command
 
     add_trace_command(sub)
+    from .view.query import add_query_command
+
+    add_query_command(sub)
     return parser
 
 

@@ -116,3 +116,13 @@ def test_interactive_default_location(tmp_path, monkeypatch, capsys):
     perfkit.record({"time_s": 4.0})
     assert "interactive session go to" not in capsys.readouterr().out
     assert perfkit.load(tmp_path / "mine")["time_s"].tolist() == [3.0, 4.0]  # one file per session
+
+
+def test_a_column_two_notebooks_type_differently_does_not_make_the_folder_unreadable(tmp_path):
+    """An int64 `count` (collective elements) beside a bool `count` (a flag) has no common Arrow
+    type; loading the folder keeps every row with its value as written."""
+    results.write_rows(pd.DataFrame({"config_id": ["a"], "status": ["ok"], "count": [1024]}), tmp_path / "a.parquet")
+    results.write_rows(pd.DataFrame({"config_id": ["b", "c"], "status": ["ok", "ok"], "count": [True, False]}),
+               tmp_path / "b.parquet")
+    df = results.load(tmp_path).set_index("config_id")
+    assert df.loc["a", "count"] == 1024 and df.loc["b", "count"] is True and df.loc["c", "count"] is False
