@@ -40,7 +40,11 @@ def venv_python(where: Path, *, with_perfkit: bool) -> Path:
     if with_perfkit:
         purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-        Path(purelib, "perfkit-test-parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        # Our site-packages, and the checkout itself: an editable install's own .pth (an import
+        # hook) is not run for a directory a .pth adds, so without it perfkit imports only when
+        # the current directory happens to be the checkout.
+        repo = Path(__file__).resolve().parents[1]
+        Path(purelib, "perfkit-test-parent.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n{repo}\n")
     return python
 
 
