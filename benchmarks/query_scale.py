@@ -3,16 +3,25 @@
 100,000 configurations in 10,000 Parquet files (rows shaped like real training rows: a dozen
 parameter columns, the step-time and data-time samples, throughput, memory, MFU, the
 environment fingerprint). The question: one column (``tokens_per_s``) for one parameter value
-(``d_model == 1024``, an eighth of the rows), answered three ways, each in its own subprocess so
-its peak memory (``ru_maxrss``) is its own:
+(``d_model == 1024``, an eighth of the rows), answered several ways, each in its own subprocess
+so its peak memory (``VmHWM``) is its own:
 
-- ``full``:     ``perfkit.load(DIR)`` then a pandas filter (what one did before);
-- ``pushdown``: ``perfkit.load(DIR, columns=[...], filters=[...])`` (pyarrow.dataset);
-- ``query``:    ``perfkit query DIR "SELECT ..."`` (DuckDB over the files in place).
+- ``full``:     ``perfkit.load(DIR)`` then a pandas filter (what one did before), files only;
+- ``pushdown``: ``perfkit.load(DIR, columns=[...], filters=[...])`` (pyarrow.dataset) over the files;
+- ``query``:    ``perfkit query DIR "SELECT ..."`` (DuckDB over the files in place);
+
+the files-only rows with ``PERFKIT_NO_INDEX=1``; then, the folder's index
+(``DIR/.perfkit-index``, :mod:`perfkit.core.results_index`) removed first:
+
+- ``build``:       the first pushdown question, which builds the index (its cost, reported apart);
+- ``pushdown+ix``, ``query+ix``: the same questions later, answered from the index;
+- ``full+ix``:     ``perfkit.load(DIR)`` + pandas filter with the index there (load uses one, never builds one).
 
 Times are of the call alone (imports done before the clock starts); peak memory is the
-process's ``ru_maxrss``, shown whole and less the RSS after imports (what the call added).
-Goal: pushdown and query >= 10x faster than full, <= 0.1x its peak memory.
+process's ``VmHWM`` (/proc/self/status: the peak RSS of this program image; ``ru_maxrss`` would
+carry the parent's RSS over fork + exec), shown whole and less the RSS after imports.
+Ratios are against ``full`` (files) measured in the same run. Goal: pushdown and query >= 10x
+faster than full, <= 0.1x its peak memory.
 
     python benchmarks/query_scale.py [--configs 100000] [--files 10000] [--dir KEEP_DIR]
 """
@@ -23,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -101,9 +109,21 @@ def run_variant(variant: str, directory: str) -> None:
     else:
         values = q.query(directory, SQL)["tokens_per_s"]
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    with open("/proc/self/status") as fh:
+        peak = 1024 * int(next(line for line in fh if line.startswith("VmHWM:")).split()[1])  # kB
     print(json.dumps({"variant": variant, "seconds": seconds, "rows": len(values),
                       "sum": float(values.sum()), "peak_bytes": peak, "after_imports_bytes": before}))
+
+
+VARIANTS = [  # (row name, variant, files only)
+    ("full", "full", True), ("pushdown", "pushdown", True), ("query", "query", True),
+    ("build", "pushdown", False), ("pushdown+ix", "pushdown", False), ("query+ix", "query", False),
+    ("full+ix", "full", False),
+]
+
+
+def _load_line() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip() + f" ({os.cpu_count()} CPUs)"
 
 
 def main() -> None:
@@ -116,34 +136,48 @@ def main() -> None:
     if args.variant:
         run_variant(args.variant, args.dir)
         return
+    from perfkit.core.results_index import INDEX_DIR, NO_INDEX_ENV
+
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="perfkit-query-scale-"))
     try:
         if not (work / "results").is_dir():
             t0 = time.perf_counter()
             generate(work, args.configs, args.files)
             print(f"generated {args.configs} configurations in {args.files} files in {time.perf_counter() - t0:.0f} s")
-        print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (1/5/15 min, "
-              f"{os.cpu_count()} CPUs)")
+        shutil.rmtree(work / INDEX_DIR, ignore_errors=True)  # `build` measures the first question
+        print(f"uptime before: {_load_line()}")
         out = {}
-        for variant in ("full", "pushdown", "query"):
+        for name, variant, files_only in VARIANTS:
+            env = {k: v for k, v in os.environ.items() if k != NO_INDEX_ENV}
+            env |= {NO_INDEX_ENV: "1"} if files_only else {}
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, __file__, "--variant", variant, "--dir", str(work)],
-                                  capture_output=True, text=True, check=True)
-            out[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
-            out[variant]["process_s"] = time.perf_counter() - t0
+                                  capture_output=True, text=True, check=True, env=env)
+            out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+            out[name]["process_s"] = time.perf_counter() - t0
+            if name == "build":
+                summary = json.loads((work / INDEX_DIR / "manifest.json").read_text())["summary"]
+                index_bytes = sum(p.stat().st_size for p in (work / INDEX_DIR).iterdir())
         full = out["full"]
         print(f"question: {SQL}  ({full['rows']} rows)")
-        print(f"{'variant':<9} {'call s':>8} {'process s':>9} {'peak MiB':>9} {'added MiB':>9} "
+        print(f"index built by `build`: {summary['rows']} rows of {summary['files']} files in "
+              f"{summary['parts']} parts, {index_bytes / 2**20:.0f} MiB, {summary['seconds']:.1f} s of the call")
+        print(f"{'variant':<12} {'call s':>8} {'process s':>9} {'peak MiB':>9} {'added MiB':>9} "
               f"{'time ratio':>10} {'peak ratio':>10} {'added ratio':>11}")
         for name, r in out.items():
             added = r["peak_bytes"] - r["after_imports_bytes"]
             full_added = full["peak_bytes"] - full["after_imports_bytes"]
-            print(f"{name:<9} {r['seconds']:8.2f} {r['process_s']:9.2f} {r['peak_bytes'] / 2**20:9.0f} "
-                  f"{added / 2**20:9.0f} {full['seconds'] / r['seconds']:9.1f}x {r['peak_bytes'] / full['peak_bytes']:10.3f} "
+            print(f"{name:<12} {r['seconds']:8.2f} {r['process_s']:9.2f} {r['peak_bytes'] / 2**20:9.0f} "
+                  f"{added / 2**20:9.0f} {full['seconds'] / r['seconds']:9.1f}x "
+                  f"{r['peak_bytes'] / full['peak_bytes']:10.3f} "
                   f"{added / full_added:11.3f}")
             assert r["rows"] == full["rows"] and abs(r["sum"] - full["sum"]) <= 1e-9 * abs(full["sum"]), (name, r, full)
+        ix, pix, qix = out["full+ix"], out["pushdown+ix"], out["query+ix"]
+        print(f"against full+ix (load(DIR) with the index): pushdown+ix {ix['seconds'] / pix['seconds']:.1f}x, "
+              f"query+ix {ix['seconds'] / qix['seconds']:.1f}x faster; peak ratios "
+              f"{pix['peak_bytes'] / ix['peak_bytes']:.3f}, {qix['peak_bytes'] / ix['peak_bytes']:.3f}")
         print("goal: time ratio >= 10x, peak ratio <= 0.1 (pushdown and query against full)")
-        print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+        print(f"uptime after: {_load_line()}")
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)

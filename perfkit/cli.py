@@ -149,6 +149,22 @@ def _cmd_export(args) -> int:
     return EXIT_OK
 
 
+def _cmd_index(args) -> int:
+    from .core.results_index import INDEX_DIR, refresh
+
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        raise BadInputError(f"results directory {str(directory)!r} does not exist")
+    manifest = refresh(directory, rebuild=args.rebuild, wait=True)
+    if manifest is None:
+        raise BadInputError(f"cannot write {str(directory / INDEX_DIR)!r} (read-only?): queries scan the files")
+    s = manifest["summary"]
+    print(f"index: {s['files']} results files, {s['rows']} rows in {s['parts']} parts → {directory / INDEX_DIR}\n"
+          f"  read {s['read']} files ({s['changed']} changed), {s['removed']} removed, {s['new_parts']} parts added, "
+          f"{s['rewritten_parts']} rewritten, {s['not_indexed']} not indexed, {s['seconds']:.1f} s")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfkit",
@@ -198,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MLflow tracking URI (default: sqlite:///DIR/mlflow/mlflow.db, a local store under DIR)")
     p.add_argument("--experiment", default="perfkit", metavar="NAME", help="MLflow experiment (default: perfkit)")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("index", help="build or refresh DIR's query index (DIR/.perfkit-index; queries keep it fresh)",
+                       description="Compact DIR's results files into a few Parquet parts that perfkit.load(DIR, "
+                                   "columns=, filters=) and perfkit query read instead of every file; files "
+                                   "added, changed or removed since are folded in. Derived: deleting it loses nothing.")
+    p.add_argument("dir", metavar="DIR", help="a results directory (a sweep's --out, a run's --out)")
+    p.add_argument("--rebuild", action="store_true", help="rebuild from the files instead of folding changes in")
+    p.set_defaults(func=_cmd_index)
 
     # Imported unguarded: `sweep` and `new` are part of perfkit, and a broken install (a missing
     # dependency, a syntax error) must show its traceback, not a CLI without those commands.

@@ -245,23 +245,28 @@ def _read_many(files: list[Path]) -> tuple[pd.DataFrame, dict]:
     if len(tables) == 1:
         return tables[0].to_pandas(), units
     tables = [t.replace_schema_metadata(None) for t in tables if t.num_rows] or tables[:1]
+    return concat_to_pandas(tables), units
+
+
+def concat_to_pandas(tables: list) -> pd.DataFrame:
+    """Arrow tables of different files as one DataFrame: one Arrow concatenation with type
+    promotion (``null`` → any, ``int`` → ``double``). Where two notebooks use one column name for
+    values of different types (an int64 ``count`` of elements beside a bool ``count`` flag) no
+    Arrow type holds both, but one such pair must not make a whole folder unreadable: that column
+    becomes Python objects, each value as written; every other column keeps its type."""
+    import pyarrow as pa
+
     try:
-        combined = pa.concat_tables(tables, promote_options="permissive")
+        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
     except (pa.ArrowTypeError, pa.ArrowInvalid):
-        # Two notebooks use one column name for values of different types (an int64 `count` of
-        # elements beside a bool `count` flag): no Arrow type holds both, but one unreadable pair
-        # must not make the whole folder unreadable: such a column becomes Python objects, each
-        # value as written; every other column keeps its type.
-        frames = [t.to_pandas() for t in tables]
         kinds: dict[str, set] = {}
         for t in tables:
             for column in t.schema:
                 if not pa.types.is_null(column.type):
                     kinds.setdefault(column.name, set()).add(column.type)
         mixed = [name for name, types in kinds.items() if len(types) > 1]
-        frames = [f.astype({c: object for c in mixed if c in f}) for f in frames]
-        return pd.concat(frames, ignore_index=True, sort=False), units
-    return combined.to_pandas(), units
+        frames = [t.to_pandas().astype({c: object for c in mixed if c in t.column_names}) for t in tables]
+        return pd.concat(frames, ignore_index=True, sort=False)
 
 
 def _read_one(path: Path) -> pd.DataFrame:
@@ -320,7 +325,10 @@ def load(directory: str | Path, *, statuses: Iterable[str] | None = None,
     if not files:
         frame, units = pd.DataFrame({"config_id": pd.Series(dtype="str"), "status": pd.Series(dtype="str")}), {}
     else:
-        frame, units = _read_many(files)
+        from .results_scan import read_all
+
+        indexed = read_all(directory, files) if directory.is_dir() and len(files) > 1 else None
+        frame, units = indexed or _read_many(files)
     if statuses is not None:
         frame = frame[frame["status"].isin(wanted)].reset_index(drop=True)
     frame.attrs["units"] = units

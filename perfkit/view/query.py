@@ -7,10 +7,15 @@ file lacks reading as NULL, types widened where they differ
 in place: only the columns the query names, skipping row groups whose statistics rule out its
 filter, in parallel, without loading DIR into memory first.
 
-How the table is made: DuckDB's ``union_by_name=true`` opens and keeps every file's schema at
-bind time, which over thousands of small files costs more than reading them whole (10,000 files:
-~20 s and 1.5 GB here; duckdb/duckdb#12730, #15435). Instead the files are grouped by their
-exact Parquet schema (``parquet_schema()``, read in batches), each group is one
+Where the folder has an index (:mod:`perfkit.core.results_index`, built by the first question
+over a big writable folder, or ``perfkit index DIR``), the table is its few parts, rows of
+removed or changed files masked out, beside the files it does not hold as they are now: the
+same rows, without opening every file.
+
+How the table is made from files: DuckDB's ``union_by_name=true`` opens and keeps every file's
+schema at bind time, which over thousands of small files costs more than reading them whole
+(10,000 files: ~20 s and 1.5 GB here; duckdb/duckdb#12730, #15435). Instead the files are
+grouped by their exact Parquet schema (``parquet_schema()``, read in batches), each group is one
 ``read_parquet(files)`` (identical schemas need no union), and the groups are joined with
 ``UNION ALL BY NAME``; past ``_MAX_GROUPS`` distinct schemas it falls back to ``union_by_name``.
 
@@ -64,6 +69,12 @@ def connect(directory: str | Path):
     import duckdb
 
     con = duckdb.connect()
+    if directory.is_dir():
+        from ..core.results_index import plan
+
+        how = plan(directory, files)
+        if how is not None and _indexed_view(con, how):
+            return con
     groups = _by_schema(con, [str(f) for f in files])
     if len(groups) > _MAX_GROUPS:
         con.read_parquet([f for g in groups for f in g], union_by_name=True).to_view("results")
@@ -76,6 +87,32 @@ def connect(directory: str | Path):
 
 
 _MAX_GROUPS, _BATCH = 64, 2000
+
+
+def _indexed_view(con, how) -> bool:
+    """The view ``results`` over the folder's index parts (rows of removed or changed files
+    masked out by file id) and the files the index does not hold as they are now; False (and
+    nothing made) past ``_MAX_GROUPS`` groups."""
+    import pyarrow as pa
+
+    from ..core.results_index import ID
+
+    groups = _by_schema(con, [str(f) for f in how.direct]) if how.direct else []
+    if not how.parts or len(how.parts) + len(groups) > _MAX_GROUPS:
+        return False
+    selects = []
+    live = [i for p in how.parts if p.live_ids is not None for i in p.live_ids]
+    if live:  # file ids are unique across parts: one table of the current ones masks them all
+        con.register("_perfkit_live", pa.table({"id": pa.array(live, pa.int64())}))
+    for part in how.parts:
+        path = str(part.path).replace("'", "''")
+        where = f' WHERE "{ID}" IN (SELECT id FROM _perfkit_live)' if part.live_ids is not None else ""
+        selects.append(f"""SELECT * EXCLUDE ("{ID}") FROM read_parquet('{path}'){where}""")
+    for i, group in enumerate(groups):
+        con.read_parquet(group).to_view(f"_results_{i}")
+        selects.append(f"SELECT * FROM _results_{i}")
+    con.execute("CREATE VIEW results AS " + " UNION ALL BY NAME ".join(selects))
+    return True
 
 
 def _by_schema(con, files: list[str]) -> list[list[str]]:
