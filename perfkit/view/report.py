@@ -110,24 +110,6 @@ def _plain(value):
     return value
 
 
-def _roofline(rows: pd.DataFrame, all_rows: pd.DataFrame):
-    from .plots.roofline import roofline_section
-
-    return roofline_section(rows, all_rows)
-
-
-def _training(rows: pd.DataFrame, all_rows: pd.DataFrame):
-    from .plots.training import training_section
-
-    return training_section(rows, all_rows)
-
-
-def _scaling(rows: pd.DataFrame, all_rows: pd.DataFrame):
-    from .plots.scaling import scaling_section
-
-    return scaling_section(rows, all_rows)
-
-
 def _variant_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Every row of an A/B sweep (a ``variant`` column with ≥ 2 values), whatever its status: a
     point that is not ok on one side is listed by the comparison, not dropped."""
@@ -223,44 +205,38 @@ def _one_side_and_not_ok(comparison) -> str:
     return out
 
 
+def _lazy(module: str, function: str) -> Callable:
+    """``perfkit.view.<module>.<function>``, imported when its section is drawn (the holoviews
+    work of a section is paid only by reports that have its rows)."""
+    def call(*args, **kwargs):
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(*args, **kwargs)
+
+    return call
+
+
 SECTIONS: list[Section] = [
     Section(title="Comparison", select=_variant_rows, build=_comparison),
-    Section(title="Roofline", select=_workload("roofline"), build=_roofline),
+    Section(title="Roofline", select=_workload("roofline"), build=_lazy("plots.roofline", "roofline_section")),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
-    Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"), build=_training),
+    Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"),
+            build=_lazy("plots.training", "training_section")),
     Section(title="Parallelism: memory per rank, throughput, pipeline bubble",
-            select=lambda df: _parallelism().parallel_rows(df),
-            build=lambda rows, all_rows: _parallelism().parallelism_section(rows, all_rows)),
+            select=_lazy("plots.parallelism", "parallel_rows"),
+            build=_lazy("plots.parallelism", "parallelism_section")),
     Section(title="Inference: TTFT, TPOT, throughput vs latency, prefill and decode on the roofline",
-            select=_workload("inference"), build=lambda rows, all_rows: _plots("inference").inference_section(rows, all_rows)),
+            select=_workload("inference"), build=_lazy("plots.inference", "inference_section")),
     Section(title="Data loading: throughput vs workers, data wait, stalls", select=_workload("dataloader"),
-            build=lambda rows, all_rows: _plots("dataloading").dataloading_section(rows, all_rows)),
-    Section(title="Scaling efficiency", select=_workload("scaling"), build=_scaling),
+            build=_lazy("plots.dataloading", "dataloading_section")),
+    Section(title="Scaling efficiency", select=_workload("scaling"), build=_lazy("plots.scaling", "scaling_section")),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
     Section(title="Collective knob settings", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.knob_comparison(rows)),
-    Section(title="Traces", select=lambda df: _traces().traced_rows(df), links=True,
-            build=lambda rows, all_rows, **where: _traces().traces_section(rows, all_rows, **where)),
+    Section(title="Traces", select=_lazy("trace_report", "traced_rows"), links=True,
+            build=_lazy("trace_report", "traces_section")),
 ]
-
-
-def _parallelism():
-    return _plots("parallelism")
-
-
-def _plots(name: str):
-    """``view.plots.<name>``, imported when its section is drawn (holoviews work only then)."""
-    import importlib
-
-    return importlib.import_module(f"{__package__}.plots.{name}")
-
-
-def _traces():
-    from . import trace_report
-
-    return trace_report
-
 
 def _cell(value) -> str:
     if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
