@@ -191,6 +191,13 @@ def test_query_and_full_load_over_the_index_equal_the_files(tmp_path, monkeypatc
         (root / "results" / "c003-gemm.parquet").unlink()
         same()  # a changed file read directly, a removed one masked
     same()
+    _train(root, 3, rows=2, scale=5.0)  # a sweep adds a file between two loads
+    before = _manifest(root)
+    monkeypatch.setenv(NO_INDEX_ENV, "1")
+    want = perfkit.load(root)
+    monkeypatch.delenv(NO_INDEX_ENV)
+    pd.testing.assert_frame_equal(perfkit.load(root), want)
+    assert _manifest(root) == before  # a plain load reads the new file directly and writes nothing
 
 
 def test_a_damaged_index_is_rebuilt_never_answers(tmp_path, monkeypatch, small_index):

@@ -144,11 +144,12 @@ def _changes(m: dict | None, directory: Path, files: list[Path], stats: dict) ->
     return fresh, stale
 
 
-def plan(directory: Path, files: list[Path], *, create: bool = True) -> Plan | None:
+def plan(directory: Path, files: list[Path], *, create: bool = True, fold: bool = True) -> Plan | None:
     """How to answer a question over ``files`` (``result_files(directory)``) now; None: scan the
-    files. Changes are folded into the index first where the folder is writable (with ``create``,
-    the first question over ``_MIN_FILES`` files or more builds it); an index that cannot be read
-    is rebuilt once, then left to the scan."""
+    files. With ``fold``, changes are folded into the index first where the folder is writable
+    (with ``create``, the first question over ``_MIN_FILES`` files or more builds it) and an index
+    that cannot be read is rebuilt once, then left to the scan; without it nothing is written:
+    new and changed files are read directly, and a broken index means the scan."""
     if os.environ.get(NO_INDEX_ENV, "") not in ("", "0"):
         return None
     directory = Path(directory)
@@ -158,7 +159,7 @@ def plan(directory: Path, files: list[Path], *, create: bool = True) -> Plan | N
         return None  # no index, none to build: not even a stat
     stats = _stats(files)
     fresh, stale = _changes(m, directory, files, stats)
-    if m is None or fresh or stale:
+    if fold and (m is None or fresh or stale):
         m = refresh(directory, files, stats) or m
     for rebuilt in (False, True):
         if m is None:
@@ -168,7 +169,7 @@ def plan(directory: Path, files: list[Path], *, create: bool = True) -> Plan | N
         except Exception as exc:
             if not _broken_index(exc):
                 raise
-        m = None if rebuilt else refresh(directory, files, stats, rebuild=True)
+        m = None if rebuilt or not fold else refresh(directory, files, stats, rebuild=True)
     return None
 
 

@@ -256,9 +256,9 @@ def _in_file_order(tables: list, sources: list, how):
 
 
 def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | None:
-    """``load(DIR)`` (every row, every column) from the folder's index where it has one (changes
-    folded in first; a folder without one is not indexed for this: a one-off full read would pay
-    for a build), equal to reading the files: the same rows in the files' order, columns in order
+    """``load(DIR)`` (every row, every column) from the folder's index where it has one (new and
+    changed files read directly, nothing written; a folder without one is not indexed for this: a
+    one-off full read would pay for a build), equal to reading the files: the same rows in the files' order, columns in order
     of first appearance among files with rows, types promoted alike, a column no Arrow type holds
     (int64 here, bool there) as Python objects. None: read the files."""
     import concurrent.futures as cf
@@ -270,7 +270,9 @@ def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | 
 
     from .results_index import ID, plan
 
-    how = plan(directory, files, create=False)
+    # A plain load never writes: a sweep that adds files between loads would rewrite the index
+    # inside every read. Folding is left to pushdown questions, `perfkit query` and `perfkit index`.
+    how = plan(directory, files, create=False, fold=False)
     if how is None or not how.parts:
         return None
     try:
