@@ -99,13 +99,12 @@ def test_every_worker_process_ends_with_its_configuration_even_when_a_step_fails
         return step, None
 
     monkeypatch.setattr(dataloading, "_make_step", failing_step)
-    with pytest.raises(RuntimeError, match="the step failed") as failure:
-        run_loader_benchmark(LoaderConfig(**{**_SWEEP, "loader_batches": 0}, num_workers=2,
-                                          persistent_workers=True, cache_dir=str(tmp_path)))
+    row = run_loader_benchmark(LoaderConfig(**{**_SWEEP, "loader_batches": 0}, num_workers=2,
+                                            persistent_workers=True, cache_dir=str(tmp_path)))
+    # The failure is the configuration's row (as every ending is), with the step's error.
+    assert row["status"] == "failed" and "RuntimeError: the step failed" in row["error"]
     assert len(calls[-1]) == 2  # the two workers were running when the step failed
-    # The traceback still holds the failed run's frames (as a notebook's last error does), yet the
-    # persistent workers are gone.
-    assert failure.traceback and not (_children() - before)
+    assert not (_children() - before)  # yet the persistent workers are gone
 
 
 @pytest.mark.slow
@@ -262,3 +261,24 @@ def test_the_plots_and_the_report_section_render_from_measured_rows(sweep):
     hv.render(layout, backend="bokeh")
     assert isinstance(throughput_vs_workers(df, "samples_per_s"), hv.Overlay)
     assert isinstance(stall_bars(df), hv.Div)  # no stall attribution measured: says so
+
+
+def test_every_ending_is_a_row_and_stops_the_notebook_the_way_it_ended(monkeypatch, tmp_path):
+    from perfkit.core.errors import ConfigurationSkipped, ExecutionFailed
+    from perfkit.core.status import OutOfMemoryError
+
+    def out_of_memory(cfg, device):
+        raise MemoryError("cannot allocate the prefetch buffers")
+
+    monkeypatch.setattr(dataloading, "_benchmark", out_of_memory)
+    row = run_loader_benchmark(LoaderConfig(format="mmap", n_samples=16, cache_dir=str(tmp_path)))
+    assert row["status"] == "oom" and "MemoryError" in row["error"] and row["workload"] == "dataloader"
+    skipped = {"status": "skipped", "error": "no GPU", "workload": "dataloader"}
+    with pytest.raises(OutOfMemoryError):  # the runner classifies the configuration oom
+        dataloading.raise_for_status([skipped, row])
+    with pytest.raises(ConfigurationSkipped, match="no GPU"):
+        dataloading.raise_for_status([skipped, skipped])
+    with pytest.raises(ExecutionFailed) as failed:
+        dataloading.raise_for_status([{"status": "failed", "error": "boom", "workload": "dataloader"}])
+    assert failed.value.status == "failed"
+    dataloading.raise_for_status([skipped, {"status": "ok"}])  # one ok row: the notebook goes on

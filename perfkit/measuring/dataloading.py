@@ -46,10 +46,12 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from perfkit.analyse import dataloading as analysis
-from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.core import status
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
 from perfkit.measuring import datasets, workloads
+from perfkit.measuring.training import synchronize
 
 __all__ = ["LoaderConfig", "WORKLOAD", "run_loader_benchmark", "configs_from_params", "check_params",
            "raise_for_status"]
@@ -200,11 +202,6 @@ def _device(cfg: LoaderConfig) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _make_step(cfg: LoaderConfig, device: torch.device, non_blocking: bool
                ) -> tuple[Callable[[torch.Tensor], None], tuple[int, ...] | None]:
     """The step a batch goes through (copy + compute + synchronize) and the sample shape the
@@ -214,7 +211,7 @@ def _make_step(cfg: LoaderConfig, device: torch.device, non_blocking: bool
             batch.to(device, non_blocking=non_blocking)
             if cfg.step_compute_s:
                 time.sleep(cfg.step_compute_s)
-            _synchronize(device)
+            synchronize(device)
 
         return fixed_step, None
     work = workloads.build(workloads.make_spec(cfg.model, **{**cfg.model_size, "seed": cfg.seed}),
@@ -228,7 +225,7 @@ def _make_step(cfg: LoaderConfig, device: torch.device, non_blocking: bool
         optimizer.zero_grad(set_to_none=True)
         work.loss_fn(work.model(inputs), targets).backward()
         optimizer.step()
-        _synchronize(device)
+        synchronize(device)
 
     return train_step, tuple(example.shape[1:])
 
@@ -396,11 +393,14 @@ def _benchmark(cfg: LoaderConfig, device: torch.device) -> dict:
 def run_loader_benchmark(cfg: LoaderConfig) -> dict:
     """Run ``cfg`` and return its row (``workload = "dataloader"``): ``status`` ``ok``, or
     ``skipped`` with the reason in ``error`` when this machine cannot honour it."""
+    base = {**cfg.as_row(), "workload": WORKLOAD}
     try:
         return _benchmark(cfg, _device(cfg))
     except ConfigurationSkipped as skipped:
-        return {**cfg.as_row(), "workload": WORKLOAD, "status": SKIPPED, "error": skipped.reason,
-                "reason": skipped.reason}
+        return {**base, "status": SKIPPED, "error": skipped.reason}
+    except Exception as error:  # noqa: BLE001 - the row records every failure (an OOM is an edge)
+        name = f"{type(error).__module__}.{type(error).__qualname__}"
+        return {**base, "status": status.status_for_error(name, str(error)), "error": f"{name}: {error}"}
 
 
 # ---- notebooks ----------------------------------------------------------------------------------
@@ -433,11 +433,9 @@ def check_params(params: Mapping[str, object]) -> None:
 
 
 def raise_for_status(rows: list[Mapping]) -> None:
-    """For a notebook, after recording ``rows``: return if one is ``ok``; stop the notebook
-    ``skipped`` when all were skipped, else fail it."""
-    if any(r["status"] == OK for r in rows):
+    """For a notebook, after recording ``rows``: return if one is ``ok``; otherwise stop the
+    notebook the way a row ended (:func:`perfkit.core.status.raise_for_status`: ``skipped`` only
+    when every row was skipped; an ``oom`` row as :class:`~perfkit.core.status.OutOfMemoryError`)."""
+    if not rows or any(r["status"] == OK for r in rows):
         return
-    reason = "; ".join(sorted({str(r.get("error")) for r in rows}))
-    if all(r["status"] == SKIPPED for r in rows):
-        raise ConfigurationSkipped(reason)
-    raise ExecutionFailed(status="failed", error_name="dataloader", message=reason)
+    status.raise_for_status(next((r for r in rows if r["status"] != SKIPPED), rows[0]))

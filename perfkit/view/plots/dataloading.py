@@ -44,10 +44,6 @@ def _series(df: pd.DataFrame) -> pd.Series:
     return label
 
 
-def _ms(values) -> pd.Series:
-    return pd.Series(values, dtype=float) * 1e3
-
-
 def _empty(what: str):
     return hv_bokeh().Div(f"<p>No data-loading rows with status ok and {what}.</p>")
 
