@@ -247,8 +247,15 @@ def _working_set_bytes(cfg: InferenceConfig) -> int:
     spec = cfg.spec
     with torch.device("meta"):  # shapes only, nothing allocated
         params = sum(p.numel() for p in GPT(spec).parameters())
-    cache = 2 * spec.n_layers * cfg.batch_size * (cfg.prompt_len + cfg.new_tokens) * spec.d_model
-    return (params + cache) * PRECISIONS[cfg.precision].itemsize
+    return params * PRECISIONS[cfg.precision].itemsize + _kv_cache_bytes(cfg)
+
+
+def _kv_cache_bytes(cfg: InferenceConfig) -> int:
+    """Bytes of the KV cache, allocated whole up front: keys and values of every layer for
+    ``batch_size`` sequences of P + N positions (what :attr:`kv_cache.KVCache.nbytes` holds)."""
+    spec = cfg.spec
+    return (2 * spec.n_layers * cfg.batch_size * (cfg.prompt_len + cfg.new_tokens) * spec.d_model
+            * PRECISIONS[cfg.precision].itemsize)
 
 
 def measure_roofs(cfg: InferenceConfig, working_set_bytes: int | None = None) -> pd.DataFrame:
@@ -373,16 +380,13 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         reasons.append(reason)
     placed = [r for r in reasons if r]
     uncounted = sorted({u.op for ops in counts.values() for u in coverage(ops).uncounted})
-    spec = cfg.spec
-    elt = PRECISIONS[cfg.precision].itemsize
     return {
         **cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None, **metrics, **roofline,
         "resolved_device": device, "device_name": info.name, "cpu_threads": threads,
         "sdpa_backends_available": ", ".join(k for k, v in kv.sdpa_backends(device).items() if v is None),
         "n_params": sum(p.numel() for p in model.parameters()),
         "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "kv_cache_bytes": (2 * spec.n_layers * cfg.batch_size * (cfg.prompt_len + cfg.new_tokens)
-                           * spec.d_model * elt) if cfg.kv_cache else 0,
+        "kv_cache_bytes": _kv_cache_bytes(cfg) if cfg.kv_cache else 0,
         # Equal digests: equal greedy tokens (with and without the cache, across precisions).
         "tokens_digest": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
         "roofline_reason": "; ".join(dict.fromkeys(placed)) or None,

@@ -97,8 +97,10 @@ def _indexed_view(con, how) -> bool:
 
     from ..core.results_index import ID
 
+    if not how.parts:  # nothing indexed: the caller groups every file itself, once
+        return False
     groups = _by_schema(con, [str(f) for f in how.direct]) if how.direct else []
-    if not how.parts or len(how.parts) + len(groups) > _MAX_GROUPS:
+    if len(how.parts) + len(groups) > _MAX_GROUPS:
         return False
     selects = []
     live = [i for p in how.parts if p.live_ids is not None for i in p.live_ids]
