@@ -223,20 +223,24 @@ def _read_with_units(path: Path) -> tuple[pd.DataFrame, dict]:
     return table.to_pandas(), (json.loads(raw) if raw else {})
 
 
-def _read_many(files: list[Path]) -> tuple[pd.DataFrame, dict]:
-    """Read many files fast: parallel reads (pyarrow releases the GIL), one Arrow concatenation
-    with schema promotion (files of different notebooks have different columns), and a single
-    conversion to pandas — per-file ``to_pandas`` + ``pd.concat`` is ~10x slower at 1,000 files."""
+def read_tables(files: list[Path]) -> list:
+    """The Arrow tables of ``files``, read in parallel (pyarrow releases the GIL;
+    ``ParquetFile.read`` skips the dataset machinery of ``read_table``), schema metadata kept."""
     import concurrent.futures as cf
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    def read(path: Path) -> pa.Table:  # ParquetFile.read skips the dataset machinery of read_table
-        return pq.ParquetFile(path).read(use_threads=False)
-
+    if not files:
+        return []
     with cf.ThreadPoolExecutor(max_workers=min(4, len(files))) as pool:
-        tables = list(pool.map(read, files))
+        return list(pool.map(lambda path: pq.ParquetFile(path).read(use_threads=False), files))
+
+
+def _read_many(files: list[Path]) -> tuple[pd.DataFrame, dict]:
+    """Read many files fast: parallel reads, one Arrow concatenation with schema promotion (files
+    of different notebooks have different columns), and a single conversion to pandas — per-file
+    ``to_pandas`` + ``pd.concat`` is ~10x slower at 1,000 files."""
+    tables = read_tables(files)
     units: dict = {}
     for table in tables:
         raw = (table.schema.metadata or {}).get(b"perfkit.units")

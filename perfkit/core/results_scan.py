@@ -258,16 +258,15 @@ def _in_file_order(tables: list, sources: list, how):
 def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | None:
     """``load(DIR)`` (every row, every column) from the folder's index where it has one (new and
     changed files read directly, nothing written; a folder without one is not indexed for this: a
-    one-off full read would pay for a build), equal to reading the files: the same rows in the files' order, columns in order
-    of first appearance among files with rows, types promoted alike, a column no Arrow type holds
-    (int64 here, bool there) as Python objects. None: read the files."""
-    import concurrent.futures as cf
-
+    one-off full read would pay for a build), equal to reading the files: the same rows in the
+    files' order, columns in order of first appearance among files with rows, types promoted
+    alike, a column no Arrow type holds (int64 here, bool there) as Python objects. None: read the files."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from .results import read_tables
     from .results_index import ID, plan
 
     # A plain load never writes: a sweep that adds files between loads would rewrite the index
@@ -284,10 +283,9 @@ def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | 
                 table = table.filter(pc.is_in(table[ID], value_set=pa.array(part.live_ids, pa.int64())))
             found.append((how.id_position[table[ID].to_numpy()], table.drop_columns([ID])))
             units.add(part.units)
-        with cf.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            for f, table in zip(how.direct, pool.map(lambda f: pq.ParquetFile(f).read(use_threads=False), how.direct)):
-                found.append((np.full(table.num_rows, how.position[str(f)], dtype=np.int64), table))
-                units.add((table.schema.metadata or {}).get(b"perfkit.units"))
+        for f, table in zip(how.direct, read_tables(how.direct)):
+            found.append((np.full(table.num_rows, how.position[str(f)], dtype=np.int64), table))
+            units.add((table.schema.metadata or {}).get(b"perfkit.units"))
     except (OSError, pa.lib.ArrowException):
         return None
     found = sorted(((pos.min(), pos, t.replace_schema_metadata(None)) for pos, t in found if t.num_rows),
