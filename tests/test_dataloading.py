@@ -110,15 +110,18 @@ def test_every_worker_process_ends_with_its_configuration_even_when_a_step_fails
 @pytest.mark.slow
 def test_stall_attribution_puts_a_fetch_delay_and_a_decode_cost_each_in_its_own_bucket(tmp_path):
     # 0 workers: fetch, decode and step run one after another, so each injected cost is all stall.
-    # mmap, page cache kept: the real read is microseconds beside 4 x 6 ms injected per batch.
-    base = dict(format="mmap", n_samples=64, batch_size=4, step_compute_s=0.004, steps=12, warmup_steps=2,
+    # mmap, page cache kept: the real read is microseconds beside 2 x 30 ms injected per batch.
+    # Few long costs rather than many short ones: each sleep or spin may end a scheduler slice
+    # late on loaded cores, and that lateness, not the cost, is the error (4 x 6 ms read 1.86x
+    # the injected cost in a CI run; 2 x 30 ms reads <= 1.22x beside six busy processes).
+    base = dict(format="mmap", n_samples=64, batch_size=2, step_compute_s=0.004, steps=12, warmup_steps=2,
                 loader_batches=0, stall_attribution=True, decode_clock="wall", device="cpu",
                 cache_dir=str(tmp_path))
-    injected = 4 * 0.006
-    fetch = run_loader_benchmark(LoaderConfig(**base, fetch_delay_s=0.006))
-    prep = run_loader_benchmark(LoaderConfig(**base, decode_cost_s=0.006))
+    injected = 2 * 0.03
+    fetch = run_loader_benchmark(LoaderConfig(**base, fetch_delay_s=0.03))
+    prep = run_loader_benchmark(LoaderConfig(**base, decode_cost_s=0.03))
     for row, own, other in ((fetch, "fetch_stall_s", "prep_stall_s"), (prep, "prep_stall_s", "fetch_stall_s")):
-        # Neither a sleep nor the wall-clock decode ends early; late, each of the four per batch
+        # Neither a sleep nor the wall-clock decode ends early; late, each of the two per batch
         # may be on loaded cores (a woken process waits for one), and the three phases run one
         # after another while neighbours come and go (at load 5.5 the other bucket read -30 %):
         # loose bounds, and each cost clearly in its own bucket rather than the other.
