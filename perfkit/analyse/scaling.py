@@ -73,6 +73,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 
 __all__ = ["scaling_efficiency", "step_breakdown", "NO_WRAPPER"]
@@ -154,8 +155,7 @@ def scaling_efficiency(
     series, strong if the global batch is constant, weak if the per-device batch is, else an
     error. Returns a copy of ``points`` with the columns of the module docstring added.
     """
-    if mode not in _MODES:
-        raise BadInputError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    checks.one_of("mode", mode, _MODES)
     group_by = list(group_by)
     _validate_common(points, "scaling_efficiency")
     _require(points, ["global_batch_size", "per_device_batch_size", *group_by], "scaling_efficiency")

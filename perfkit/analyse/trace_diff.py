@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from perfkit.analyse.trace_window import RankWindow, analysis_window
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 
 __all__ = ["TraceDiff", "ops_summary", "trace_diff"]
@@ -63,8 +64,7 @@ def _window(trace, steps) -> RankWindow:
 def ops_summary(trace, *, steps: tuple[int, int] | None = None, device: str = "gpu") -> pd.DataFrame:
     """Per event name of one trace's window: ``name``, ``count_per_step``, ``time_per_step_s``,
     sorted by time; ``attrs["steps"]`` holds the number of ProfilerSteps it is divided by."""
-    if device not in _DEVICES:
-        raise BadInputError(f"device must be one of {', '.join(_DEVICES)}, got {device!r}")
+    checks.one_of("device", device, _DEVICES)
     w = _window(trace, steps)
     ev = w.ev
     rows = {"gpu": w.dev, "cpu": w.rows[ev.stream[w.rows] == -1], "all": w.rows}[device]

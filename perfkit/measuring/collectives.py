@@ -43,6 +43,7 @@ import torch.distributed as dist
 from perfkit.analyse import nccl_log
 from perfkit.measuring.collective_buffers import check as _check, point_buffers
 from perfkit.measuring.collective_timing import reduce_times, time_loop
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ExecutionFailed
 from perfkit.core.formulas import COLLECTIVES, busbw_factor, message_bytes
 
@@ -156,9 +157,7 @@ class CollectivesConfig:
             raise BadInputError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.profile_iters < 1:
             raise BadInputError(f"profile_iters must be >= 1, got {self.profile_iters}")
-        if self.knob_check_pass not in KNOB_CHECK_PASSES:
-            raise BadInputError(f"knob_check_pass must be one of {KNOB_CHECK_PASSES}, "
-                                f"got {self.knob_check_pass!r}")
+        checks.one_of("knob_check_pass", self.knob_check_pass, KNOB_CHECK_PASSES)
 
     def sizes(self) -> list[int]:
         """Requested message sizes S in bytes: min_bytes × factor^k <= max_bytes."""

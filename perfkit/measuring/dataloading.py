@@ -47,7 +47,7 @@ import torch
 
 from perfkit.analyse import dataloading as analysis
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
-from perfkit.core import status
+from perfkit.core import checks, status
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
 from perfkit.measuring import datasets, workloads
@@ -59,21 +59,6 @@ __all__ = ["LoaderConfig", "WORKLOAD", "run_loader_benchmark", "configs_from_par
 WORKLOAD = "dataloader"
 _START_METHODS = ("fork", "spawn", "forkserver")
 _LOADER_MODELS = ("mlp", "convnet")  # float inputs; the transformer's are token ids
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise BadInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_seconds(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise BadInputError(f"{name} must be a number of seconds >= 0, got {value!r}")
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise BadInputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -137,13 +122,13 @@ class LoaderConfig:
     """Longest wait for one batch from a worker before the run fails (DataLoader ``timeout``)."""
 
     def __post_init__(self):
-        _check_choice("format", self.format, datasets.FORMATS)
+        checks.one_of("format", self.format, datasets.FORMATS)
         for name in ("n_samples", "sample_bytes", "rows_per_group", "batch_size", "steps"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("num_workers", self.num_workers, 0)
-        _check_int("warmup_steps", self.warmup_steps, 0)
-        _check_int("seed", self.seed, 0)
-        _check_int("loader_batches", self.loader_batches, 0)
+            checks.integer_at_least(name, getattr(self, name), 1)
+        checks.integer_at_least("num_workers", self.num_workers, 0)
+        checks.integer_at_least("warmup_steps", self.warmup_steps, 0)
+        checks.integer_at_least("seed", self.seed, 0)
+        checks.integer_at_least("loader_batches", self.loader_batches, 0)
         if self.loader_batches == 1:
             raise BadInputError("loader_batches must be 0 (no loader-only phase) or >= 2 "
                                 "(the first batch is the time to first batch, the rest the throughput)")
@@ -153,11 +138,11 @@ class LoaderConfig:
             raise BadInputError(f"batch_size {self.batch_size} > n_samples {self.n_samples}: an epoch "
                                 "would have no full batch; raise n_samples")
         for name in ("decode_cost_s", "fetch_delay_s", "step_compute_s"):
-            _check_seconds(name, getattr(self, name))
-        _check_choice("decode_clock", self.decode_clock, datasets.DECODE_CLOCKS)
-        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
+            checks.seconds_at_least_zero(name, getattr(self, name))
+        checks.one_of("decode_clock", self.decode_clock, datasets.DECODE_CLOCKS)
+        checks.one_of("device", self.device, ("auto", "cpu", "cuda"))
         if self.prefetch_factor is not None:
-            _check_int("prefetch_factor", self.prefetch_factor, 1)
+            checks.integer_at_least("prefetch_factor", self.prefetch_factor, 1)
         workers_only = {"prefetch_factor": self.prefetch_factor is not None,
                         "persistent_workers": self.persistent_workers,
                         "multiprocessing_context": self.multiprocessing_context is not None}
@@ -166,9 +151,9 @@ class LoaderConfig:
                 raise BadInputError(f"{name} needs num_workers > 0 (with 0 workers torch loads in the "
                                     f"main process); set num_workers or leave {name} at its default")
         if self.multiprocessing_context is not None:
-            _check_choice("multiprocessing_context", self.multiprocessing_context, _START_METHODS)
+            checks.one_of("multiprocessing_context", self.multiprocessing_context, _START_METHODS)
         if self.model is not None:
-            _check_choice("model", self.model, _LOADER_MODELS)
+            checks.one_of("model", self.model, _LOADER_MODELS)
             if self.step_compute_s:
                 raise BadInputError("set model or step_compute_s, not both: the step is one or the other")
             workloads.make_spec(self.model, **self.model_size)

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from perfkit.core import checks
 from perfkit.core.durable import fsync_dir
 from perfkit.core.errors import BadInputError
 
@@ -67,11 +68,6 @@ _TMP_PREFIX = ".tmp-"
 # The decode's augmentation rounds work on a slice this long, so one round lasts a few
 # microseconds and the decode overshoots its target by about that much at most.
 _ROUND_ELEMENTS = 4096
-
-
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise BadInputError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -93,9 +89,8 @@ class DatasetSpec:
         if self.format not in FORMATS:
             raise BadInputError(f"unknown format {self.format!r}; use one of {', '.join(FORMATS)}")
         for name in ("n_samples", "sample_bytes", "rows_per_group"):
-            _positive_int(name, getattr(self, name))
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise BadInputError(f"seed must be an integer >= 0, got {self.seed!r}")
+            checks.integer_at_least(name, getattr(self, name), 1)
+        checks.integer_at_least("seed", self.seed, 0)
 
     @property
     def name(self) -> str:

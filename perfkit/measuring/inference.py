@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 
 from perfkit.analyse.inference import latency_metrics
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core.status import OK, SKIPPED, raise_for_status, status_for_error  # noqa: F401 - the notebook calls inference.raise_for_status
 from perfkit.measuring import kv_cache as kv
@@ -63,16 +64,6 @@ PRECISIONS = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float3
 CEILINGS = ("none", "fast", "quick")
 #: The model's size over the workload's tiny defaults (see the module docstring for why).
 MODEL_DEFAULTS = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab_size": 512}
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise BadInputError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
-
-
-def _check_int(name: str, value, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise BadInputError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -120,16 +111,16 @@ class InferenceConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_size", dict(self.model_size))
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("prompt_len", self.prompt_len, 1)
-        _check_int("new_tokens", self.new_tokens, 1)
-        _check_int("warmup_runs", self.warmup_runs, 0)
-        _check_int("timed_runs", self.timed_runs, 1)
-        _check_int("seed", self.seed, 0)
-        _check_int("threads", self.threads, 0)
-        _check_choice("precision", self.precision, tuple(PRECISIONS))
-        _check_choice("sdpa_backend", self.sdpa_backend, tuple(kv.SDPA_BACKENDS))
-        _check_choice("ceilings", self.ceilings, CEILINGS)
+        checks.integer_at_least("batch_size", self.batch_size, 1)
+        checks.integer_at_least("prompt_len", self.prompt_len, 1)
+        checks.integer_at_least("new_tokens", self.new_tokens, 1)
+        checks.integer_at_least("warmup_runs", self.warmup_runs, 0)
+        checks.integer_at_least("timed_runs", self.timed_runs, 1)
+        checks.integer_at_least("seed", self.seed, 0)
+        checks.integer_at_least("threads", self.threads, 0)
+        checks.one_of("precision", self.precision, tuple(PRECISIONS))
+        checks.one_of("sdpa_backend", self.sdpa_backend, tuple(kv.SDPA_BACKENDS))
+        checks.one_of("ceilings", self.ceilings, CEILINGS)
         if not (self.device in ("auto", "cpu", "cuda") or str(self.device).startswith("cuda:")):
             raise BadInputError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
         if self.compile_mode is not None and not self.compile:

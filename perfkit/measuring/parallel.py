@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 
 __all__ = ["DistContext", "dist_context", "check_comm_hook", "wrap_ddp", "apply_fsdp", "apply_tp",
@@ -75,8 +76,7 @@ def dist_context(parallelism: str, tp_degree: int = 1) -> DistContext:
     """The context of this process, from the initialized process group (if any). Under
     ``fsdp_tp`` rank r sits at (r // tp_degree, r % tp_degree) of the (dp, tp) mesh
     (``init_device_mesh`` is row-major), so its batch slice is r // tp_degree."""
-    if parallelism not in PARALLELISMS:
-        raise BadInputError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
+    checks.one_of("parallelism", parallelism, PARALLELISMS)
     if not dist.is_initialized():
         if parallelism != "none":
             raise BadInputError(f"parallelism {parallelism!r} needs an initialized process group")
@@ -96,8 +96,7 @@ def dist_context(parallelism: str, tp_degree: int = 1) -> DistContext:
 
 def check_comm_hook(comm_hook: str, backend: str) -> None:
     """Raise :class:`ConfigurationSkipped` for a DDP compression hook the backend cannot run."""
-    if comm_hook not in COMM_HOOKS:
-        raise BadInputError(f"comm_hook must be one of {COMM_HOOKS}, got {comm_hook!r}")
+    checks.one_of("comm_hook", comm_hook, COMM_HOOKS)
     # gloo has no bfloat16 reductions; the hook would fail at the first all-reduce.
     if comm_hook == "bf16" and backend != "nccl":
         raise ConfigurationSkipped(f"bf16 gradient compression needs NCCL, backend is {backend}")

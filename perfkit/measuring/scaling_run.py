@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from perfkit.measuring import parallel
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
@@ -98,8 +99,7 @@ class ScalingConfig:
         if self.train.parallelism not in WRAPPERS:
             raise BadInputError(f"parallelism must be one of {WRAPPERS} (data parallel), got "
                                 f"{self.train.parallelism!r}")
-        if self.mode not in _MODES:
-            raise BadInputError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        checks.one_of("mode", self.mode, _MODES)
         ws = self.world_sizes
         if not ws or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in ws):
             raise BadInputError(f"world_sizes must be positive ints, got {list(ws)}")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from perfkit.analyse import pipeline_bubble
-from perfkit.core import precision
+from perfkit.core import checks, precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring import parallel, pipeline_stages, workloads
 
@@ -126,11 +126,11 @@ class TrainConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_size", dict(self.model_size))
-        _check_choice("model", self.model, workloads.NAMES)
-        _check_choice("precision", self.precision, PRECISIONS)
-        _check_choice("parallelism", self.parallelism, parallel.PARALLELISMS)
-        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
-        _check_choice("comm_hook", self.comm_hook, ("none", "fp16", "bf16"))
+        checks.one_of("model", self.model, workloads.NAMES)
+        checks.one_of("precision", self.precision, PRECISIONS)
+        checks.one_of("parallelism", self.parallelism, parallel.PARALLELISMS)
+        checks.one_of("device", self.device, ("auto", "cpu", "cuda"))
+        checks.one_of("comm_hook", self.comm_hook, ("none", "fp16", "bf16"))
         if set(self.model_size) & set(_OWN_SIZE_KEYS):
             raise BadInputError(f"set {sorted(set(self.model_size) & set(_OWN_SIZE_KEYS))} on the "
                                 "TrainConfig, not in model_size")
@@ -212,13 +212,10 @@ class TrainConfig:
                                 "(fsdp and fsdp_tp take either)")
 
     def _check_pp(self) -> None:
-        _check_choice("pp_schedule", self.pp_schedule, tuple(pipeline_bubble.SCHEDULES))
+        checks.one_of("pp_schedule", self.pp_schedule, tuple(pipeline_bubble.SCHEDULES))
         for name in ("n_microbatches", "stages_per_rank"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadInputError(f"{name} must be an integer >= 1, got {value!r}")
-        if not self.stage_delay_s >= 0:
-            raise BadInputError(f"stage_delay_s must be >= 0 seconds, got {self.stage_delay_s!r}")
+            checks.integer_at_least(name, getattr(self, name), 1)
+        checks.seconds_at_least_zero("stage_delay_s", self.stage_delay_s)
         # What the pipeline step (perfkit.measuring.pipeline) does not do: each a clear refusal.
         unsupported = {"precision": self.precision not in PP_PRECISIONS, "compile": self.compile,
                        "activation_checkpointing": self.activation_checkpointing,
@@ -248,11 +245,6 @@ def check_params(params: Mapping[str, object]) -> None:
 
     names = {f.name for f in fields(TrainConfig)}
     TrainConfig(**{k: v for k, v in params.items() if k in names})
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise BadInputError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec:

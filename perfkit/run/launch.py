@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfkit.run import _teardown
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 from perfkit.core.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
@@ -77,8 +78,7 @@ class LaunchResult:
     """Seconds from starting torchrun to the end of the launch, teardown included."""
 
     def __post_init__(self):
-        if self.status not in STATUSES:
-            raise BadInputError(f"status must be one of {STATUSES}, got {self.status!r}")
+        checks.one_of("status", self.status, STATUSES)
         if len(self.rank_results) != len(self.rank_logs):
             raise BadInputError("rank_results and rank_logs must have one entry per rank")
 
