@@ -121,3 +121,22 @@ def test_report_renders_in_a_real_browser(results_dir):
         assert title in body_text, title
     assert "OutOfMemoryError: <script>alert('pwned')</script>" in body_text  # shown as text
     assert shot.stat().st_size > 10_000
+
+
+def test_an_empty_plot_inside_a_section_layout_leaves_no_panel_model_in_the_page(tmp_path):
+    # A training sweep with no known peak (bf16 on this CPU) and no activation model (convnet):
+    # its section's layout holds Divs ("MFU unknown"...). Inside a layout holoviews renders a Div
+    # as panel's HTML model, which a standalone page cannot resolve: Bokeh then drew nothing.
+    from perfkit.view.report import build_report
+
+    rows = pd.DataFrame([{"workload": "train_step", "status": "ok", "model": "convnet", "batch_size": b,
+                          "precision": "bf16", "parallelism": "none", "world_size": 1,
+                          "samples_per_s": 10.0 * b, "step_time_s": 0.1, "step_time_iqr_s": 0.001,
+                          "peak_mem_bytes": 1e8,
+                          "peak_mem_kind": "cpu_max_rss", "mfu": float("nan"),
+                          "mfu_reason": "no theoretical bf16 peak for this CPU", "config_id": str(b)}
+                         for b in (4, 8)])
+    layout = build_report(rows, title="t")
+    assert "Training" in " ".join(layout.tags)
+    modules = {type(m).__module__ for m in layout.references()}
+    assert not [m for m in modules if m.startswith("panel")], modules

@@ -335,7 +335,7 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str
     for title, obj in sections(df, output=output, results_dir=results_dir):
         shown.append(title)
         parts.append(Div(text=f"<h2>{html.escape(title)}</h2>"))
-        for item in obj.items if isinstance(obj, Parts) else (obj,):
+        for item in _items(obj, hv):
             if isinstance(item, hv.Div):  # a panel model: a standalone page lacks panel's JavaScript
                 item = item.data
             parts.append(Div(text=item, sizing_mode="stretch_width") if isinstance(item, str)
@@ -345,6 +345,17 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str
     layout = column(*parts)
     layout.tags = shown
     return layout
+
+
+def _items(obj, hv) -> tuple:
+    """What the report renders one after another for a section: a :class:`Parts`' items; a
+    layout's panels when one of them is a Div (a Div inside a layout renders as a panel model,
+    which a standalone page cannot draw); else the object whole."""
+    if isinstance(obj, Parts):
+        return obj.items
+    if isinstance(obj, hv.Layout) and any(isinstance(e, hv.Div) for e in obj.values()):
+        return tuple(obj.values())
+    return (obj,)
 
 
 def write_report(directory: str | Path, output: str | Path, *, title: str | None = None) -> Path:
