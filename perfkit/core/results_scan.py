@@ -5,7 +5,6 @@ asked columns, not every file whole. Called by :func:`perfkit.core.results.load`
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,9 +222,9 @@ class _Question:
             raise self.unreadable(exc) from None
         if columns is not None:
             table = table.select(columns)
-        units: dict = {}
-        for raw in {raw for src in sources for raw in src.units}:
-            units.update(json.loads(raw))
+        from .results import merge_units
+
+        units = merge_units(raw for src in sources for raw in src.units)
         frame = table.replace_schema_metadata(None).to_pandas()
         return frame, {c: u for c, u in units.items() if c in frame.columns}
 
@@ -294,12 +293,9 @@ def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | 
         return None
     order = np.argsort(np.concatenate([pos for _, pos, _ in found]), kind="stable")
     tables = [t for _, _, t in found]
-    merged: dict = {}
-    for raw in units - {None}:
-        merged.update(json.loads(raw))
-    from .results import concat_to_pandas
+    from .results import concat_to_pandas, merge_units
 
-    return concat_to_pandas(tables).iloc[order].reset_index(drop=True), merged
+    return concat_to_pandas(tables).iloc[order].reset_index(drop=True), merge_units(units)
 
 
 def _dnf_names(filters) -> set[str]:
