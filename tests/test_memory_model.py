@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.measuring import activations
 from perfkit.measuring import memory_model as mm
 from perfkit.measuring import workloads
 from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
@@ -87,8 +88,15 @@ def _saved_activation_bytes(cfg: TrainConfig) -> int:
         return t
 
     inputs, target = work.make_batch(cfg.batch_size, seed=0)
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    if cfg.precision == "bf16-pure":
+        work.model.to(torch.bfloat16)
+        params = {p.untyped_storage().data_ptr() for p in work.model.parameters()}
+        inputs = inputs.to(torch.bfloat16) if inputs.is_floating_point() else inputs
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = work.loss_fn(work.model(inputs).float(), target)
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            out = work.model(inputs)
+        loss = work.loss_fn(out.float(), target)
     loss.backward()
     return sum(seen.values())
 
@@ -98,19 +106,25 @@ def _saved_activation_bytes(cfg: TrainConfig) -> int:
     TrainConfig(model="transformer", batch_size=8, seq_len=32),
     TrainConfig(model="transformer", batch_size=4, seq_len=16,
                 model_size={"d_model": 96, "n_heads": 6, "vocab_size": 200, "n_layers": 3}),
-], ids=["mlp", "transformer", "transformer-wide-vocab"])
+    TrainConfig(model="mlp", batch_size=64, precision="bf16"),
+    TrainConfig(model="transformer", batch_size=8, seq_len=32, precision="bf16"),
+    TrainConfig(model="transformer", batch_size=4, seq_len=16, precision="fp16",
+                model_size={"d_model": 96, "n_heads": 6, "vocab_size": 200, "n_layers": 3}),
+    TrainConfig(model="transformer", batch_size=8, seq_len=32, precision="bf16-pure"),
+], ids=["mlp", "transformer", "transformer-wide-vocab", "mlp-bf16-autocast", "transformer-bf16-autocast",
+        "transformer-fp16-autocast", "transformer-bf16-pure"])
 def test_activation_estimate_counts_what_autograd_saves(cfg):
-    predicted, reason = mm.activation_bytes(cfg)
+    predicted, reason = activations.activation_bytes(cfg)
     assert reason is None
     assert predicted == pytest.approx(_saved_activation_bytes(cfg), rel=0.02)
 
 
 def test_checkpointing_and_16_bit_activations_shrink_the_estimate():
     base = TrainConfig(model="transformer", batch_size=8, seq_len=32, model_size={"n_layers": 4})
-    full = mm.activation_bytes(base)[0]
-    assert mm.activation_bytes(TrainConfig(**{**base.as_dict(), "activation_checkpointing": True}))[0] < 0.6 * full
-    assert mm.activation_bytes(TrainConfig(**{**base.as_dict(), "precision": "bf16"}))[0] < 0.75 * full
-    nan, reason = mm.activation_bytes(TrainConfig(model="convnet"))
+    full = activations.activation_bytes(base)[0]
+    assert activations.activation_bytes(TrainConfig(**{**base.as_dict(), "activation_checkpointing": True}))[0] < 0.6 * full
+    assert activations.activation_bytes(TrainConfig(**{**base.as_dict(), "precision": "bf16"}))[0] < 0.75 * full
+    nan, reason = activations.activation_bytes(TrainConfig(model="convnet"))
     assert math.isnan(nan) and "convnet" in reason
 
 
@@ -122,7 +136,7 @@ def test_predicted_max_batch_is_the_edge_of_the_budget():
     state = mm.predict_for_config(cfg)
 
     def need(batch):
-        return state.total_bytes + state.param_gather_bytes + mm.activation_bytes(cfg, batch_per_rank=batch // 2)[0]
+        return state.total_bytes + state.param_gather_bytes + activations.activation_bytes(cfg, batch_per_rank=batch // 2)[0]
 
     assert need(best) <= budget < need(best + 2)
     assert mm.predicted_max_batch(cfg, state.total_bytes, multiple_of=2) is None  # nothing left

@@ -23,12 +23,14 @@ import pytest
 from perfkit.analyse import pipeline_bubble as pb
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring import pipeline_stages as ps
-from perfkit.measuring.train_config import TrainConfig, check_supported
+from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
 from perfkit.measuring.training import run_training
 
 RTOL = 1e-4
 TIMEOUT_S = 120.0
-TRANSFORMER = {"model": "transformer", "batch_size": 16, "seq_len": 16, "steps": 5, "warmup_steps": 1,
+# Two warm-up steps: the second is where the saved activations are measured (pp's first also
+# infers the stages' shapes).
+TRANSFORMER = {"model": "transformer", "batch_size": 16, "seq_len": 16, "steps": 5, "warmup_steps": 2,
                "lr": 1e-2, "model_size": {"vocab_size": 64, "d_model": 32, "n_heads": 4, "n_layers": 4}}
 PP = {**TRANSFORMER, "parallelism": "pp", "world_size": 2, "device": "cpu"}
 # Four tiny layers: up to four stages; the sleep, not the matmuls, is the stage cost.
@@ -162,6 +164,67 @@ def test_stage_cut_covers_every_block_once():
         assert all(ps.rank_of_stage(schedule, 3, s) == r for s, r in held.items())
 
 
+def _torch_rank_actions(schedule_cls, p: int, v: int, m: int, rank: int) -> list[tuple[str, int]]:
+    # torch's own per-rank order, from the private planner its runtime executes (no process group).
+    s = schedule_cls.__new__(schedule_cls)
+    rounds = max(1, m // p)
+    s.n_local_stages, s.pp_group_size, s._n_microbatches = v, p, m
+    s.number_of_rounds, s.microbatches_per_round = rounds, m // rounds
+    return [(a.computation_type.value, a.stage_index)
+            for a in s._calculate_single_rank_operations(rank) if a is not None]
+
+
+def test_rank_actions_are_torchs_interleaved_order_and_the_one_stage_schedules_in_flight():
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    if not hasattr(ScheduleInterleaved1F1B, "_calculate_single_rank_operations"):
+        pytest.skip("this torch has no _calculate_single_rank_operations to compare with")
+    for p, v, m in [(2, 2, 1), (2, 2, 4), (2, 3, 6), (3, 2, 3), (3, 2, 9), (4, 2, 8), (4, 3, 5)]:
+        for rank in range(p):
+            assert ps.rank_actions("Interleaved1F1B", p, v, m, rank) == \
+                _torch_rank_actions(ScheduleInterleaved1F1B, p, v, m, rank), (p, v, m, rank)
+
+    def in_flight_peak(actions):
+        live = peak = 0
+        for kind, _ in actions:
+            live += 1 if kind == "F" else -1
+            peak = max(peak, live)
+        assert live == 0  # every forward has its backward
+        return peak
+
+    assert [in_flight_peak(ps.rank_actions("GPipe", 4, 1, 6, r)) for r in range(4)] == [6] * 4
+    assert [in_flight_peak(ps.rank_actions("1F1B", 4, 1, 6, r)) for r in range(4)] == [4, 3, 2, 1]
+    assert ps.rank_actions("ZBVZeroBubble", 2, 2, 4, 0) is None
+
+
+def test_pipeline_activation_prediction_and_max_batch_follow_the_ranks():
+    from perfkit.measuring import activations
+    from perfkit.measuring import memory_model as mm
+
+    cfg = TrainConfig(**PP, pp_schedule="1F1B", n_microbatches=4)
+    gpipe = TrainConfig(**PP, pp_schedule="GPipe", n_microbatches=4)
+    assert activations.activation_bytes(cfg)[0] < activations.activation_bytes(gpipe)[0]
+    nan, reason = activations.activation_bytes(TrainConfig(**{**PP, "model_size": {**PP["model_size"]}},
+                                                  pp_schedule="ZBVZeroBubble", stages_per_rank=2,
+                                                  n_microbatches=4))
+    assert math.isnan(nan) and "ZBVZeroBubble" in reason
+    # The largest global batch every rank fits: a multiple of the microbatch count, and the next
+    # microbatch up overflows some rank's budget.
+    budget = 40 * 2**20
+    best = mm.predicted_max_batch(cfg, budget)
+    assert best and best % 4 == 0
+
+    spec = workload_spec(cfg)
+    states = [mm.predict_model_state(shapes, precision="fp32", parallelism="pp", dp_size=1).total_bytes
+              for shapes in mm._pipeline_rank_shapes(cfg, mm._meta_model(spec))]
+
+    def per_rank_need(batch):  # each rank's own state and activation peak
+        return [s + a for s, a in zip(states, activations.pipeline_rank_bytes(cfg, spec, batch // 4))]
+
+    assert max(per_rank_need(best)) <= budget < max(per_rank_need(best + 4))
+    assert mm.predicted_max_batch(cfg, 1024) is None
+
+
 # ---- real gloo ranks ---------------------------------------------------------------------------
 
 
@@ -198,6 +261,18 @@ def test_pipeline_follows_the_single_process_loss(single_process_losses, parity_
     assert "pp" in row["counted_flop_reason"] and row["mfu"] > 0
     assert 0 <= row["bubble_fraction"] < 1
     assert row["bubble_fraction_predicted"] == pytest.approx(1 / 5)
+    # What autograd held saved at once on the rank holding most (hooks on real ranks), beside
+    # the schedule's in-flight microbatches times each stage's bytes.
+    assert row["activation_bytes_measured_reason"] is None
+    assert row["activation_bytes_measured"] == pytest.approx(row["activation_bytes_predicted"], rel=0.01)
+
+
+@pytest.mark.slow
+def test_1f1b_holds_fewer_microbatches_than_gpipe(parity_rows):
+    # GPipe keeps all four microbatches' activations until the backwards start; 1F1B at most
+    # p - r: 2 on rank 0, 1 on rank 1 (the head's), which GPipe makes the largest.
+    gpipe, one_f_one_b = (parity_rows[s]["activation_bytes_measured"] for s in ("GPipe", "1F1B"))
+    assert one_f_one_b < 0.6 * gpipe
 
 
 @pytest.mark.slow

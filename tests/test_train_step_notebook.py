@@ -16,6 +16,7 @@ import perfkit
 from conftest import NOTEBOOKS, REPO
 from perfkit.run.notebooks import read_notebook
 from perfkit.view.plots.training import (
+    activations_vs_batch,
     memory_vs_batch,
     mfu_vs_batch,
     throughput_vs_batch,
@@ -63,7 +64,9 @@ def test_notebook_records_an_ok_row_with_the_metrics_and_its_plots_build(tmp_pat
         assert "CPU theoretical fp32 peak" in row["mfu_convention"]
     assert row["config_id"] and row["env_fingerprint_id"]
     hv = _hv()
-    for plot in (throughput_vs_batch(df), memory_vs_batch(df), mfu_vs_batch(df)):
+    # The saved activations, measured on the warm-up step, are what the memory model predicts.
+    assert row["activation_bytes_measured"] == pytest.approx(row["activation_bytes_predicted"], rel=0.01)
+    for plot in (throughput_vs_batch(df), memory_vs_batch(df), mfu_vs_batch(df), activations_vs_batch(df)):
         assert isinstance(plot, hv.Overlay)
         hv.render(plot, backend="bokeh")
     hv.render(training_summary(df), backend="bokeh")
@@ -102,7 +105,10 @@ def _synthetic():
                     "mfu": 0.001 * batch if known else math.nan,
                     "counted_flop_utilisation": 0.0011 * batch if known else math.nan,
                     "mfu_convention": "PaLM 6N+12LHQT per token; peak = ...",
-                    "mfu_reason": None if known else "no theoretical bf16 peak for this CPU"})
+                    "mfu_reason": None if known else "no theoretical bf16 peak for this CPU",
+                    "activation_bytes_predicted": 2e5 * batch,
+                    # Measured where the hooks ran (not under ddp×2 bf16 here: NaN, a reason).
+                    "activation_bytes_measured": 2.1e5 * batch if known or parallelism == "none" else math.nan})
     rows.append({**rows[2], "batch_size": 32, "status": "oom", "samples_per_s": None,
                  "error": "RuntimeError: DefaultCPUAllocator: can't allocate memory"})
     rows.append({"workload": "train_step", "status": "skipped", "batch_size": 4,
@@ -142,16 +148,28 @@ def test_mfu_plot_shows_counted_utilisation_beside_and_says_why_when_unknown():
     assert "MB" in hv.render(memory, backend="bokeh").yaxis[0].axis_label
 
 
+def test_activation_plot_draws_measured_where_measured_beside_every_prediction():
+    hv = _hv()
+    overlay = activations_vs_batch(_synthetic())
+    curves = {e.label: e for e in overlay if isinstance(e, hv.Curve)}
+    assert set(curves) == {f"{p} {s}×{w} predicted" for p in ("fp32", "bf16") for s, w in (("none", 1), ("ddp", 2))} \
+        | {"fp32 none×1 measured", "fp32 ddp×2 measured", "bf16 none×1 measured"}
+    measured = curves["fp32 none×1 measured"].dframe()
+    assert measured["batch_size"].tolist() == [4, 8, 16]  # the oom row is not drawn
+    assert measured["measured"].tolist() == pytest.approx([0.84, 1.68, 3.36])  # MB
+    assert "MB" in hv.render(overlay, backend="bokeh").yaxis[0].axis_label
+
+
 def test_report_section_builds_from_all_rows_and_plots_say_when_empty():
     hv = _hv()
     df = _synthetic()
     ok = df[(df["workload"] == "train_step") & (df["status"] == "ok")]
     layout = training_section(ok, df)
-    assert isinstance(layout, hv.Layout) and len(layout) == 3
+    assert isinstance(layout, hv.Layout) and len(layout) == 4
     hv.render(layout, backend="bokeh")
     nothing = pd.DataFrame([{"workload": "train_step", "status": "skipped", "batch_size": 4}])
     assert all(isinstance(f(nothing), hv.Div)
-               for f in (throughput_vs_batch, memory_vs_batch, mfu_vs_batch))
+               for f in (throughput_vs_batch, memory_vs_batch, mfu_vs_batch, activations_vs_batch))
 
 
 # ------------------------------------------------------------------ the notebook file and the spec

@@ -82,6 +82,13 @@ def test_model_state_per_rank_matches_the_memory_model(rows, name):
     for part in ("param_bytes", "grad_bytes", "optim_state_bytes"):
         assert row[part] == pytest.approx(row[f"{part}_predicted"], rel=0.05), part
     assert row["activation_bytes_predicted"] > 0
+    # What autograd held saved on the warm-up step (hooks on the real ranks), where measured.
+    if row["parallelism"] in ("none", "ddp", "zero1"):
+        assert row["activation_bytes_measured_reason"] is None
+        assert row["activation_bytes_measured"] == pytest.approx(row["activation_bytes_predicted"], rel=0.01)
+    else:
+        assert row["activation_bytes_measured"] != row["activation_bytes_measured"]  # NaN
+        assert row["parallelism"] in row["activation_bytes_measured_reason"]
 
 
 @pytest.mark.slow

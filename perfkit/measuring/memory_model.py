@@ -25,15 +25,8 @@ in ZeRO-2 and gathers them during the step: ``param_gather_bytes`` is that trans
 every block's unsharded parameters from its forward to its backward; zero3: two blocks', the
 one computing and the one prefetched).
 
-**Activations**: the tensors autograd saves in forward for backward, counted per model from its
-shapes (the method of Korthikanti et al. 2022, section 4.1, for this code: no dropout, and CPU/
-flash SDPA saves q, k, v, its output and the logsumexp, never the T×T scores; the per-block
-count is 4 + (4 + 2·mlp_ratio)/tp elements per token and d_model unit), at 4 bytes per
-element in fp32/tf32/fp8 and 2 in bf16/fp16/bf16-pure; norm statistics, logsumexp and the fp32
-loss inputs at 4, token indices at 8. With activation checkpointing each block keeps its input
-only, and one block's activations are recomputed at a time in backward. Not counted: transient
-buffers (activation gradients in backward, autocast's weight copies), the allocator's caching
-and fragmentation. ``convnet`` has no activation model (NaN, with the reason).
+**Activations** are :mod:`perfkit.measuring.activations`' (predicted from the shapes, and
+measured with saved-tensor hooks); :func:`predicted_max_batch` and :func:`row_columns` use them.
 
 **Measured** (:func:`measured_model_state`): the sizes of the tensors a rank holds after the last
 step, ``numel · element_size`` of each local shard (DTensor ``to_local()``), for parameters,
@@ -49,11 +42,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError
+from perfkit.measuring import activations
 
 __all__ = ["BYTES_PER_PARAM", "ModelState", "predict_model_state", "local_param_shapes",
-           "predict_for_config", "activation_bytes", "measured_model_state", "predicted_max_batch",
-           "row_columns"]
+           "predict_for_config", "measured_model_state", "predicted_max_batch", "row_columns"]
 
 #: precision -> bytes per parameter element of (parameter, gradient, AdamW state).
 BYTES_PER_PARAM = {"fp32": (4, 4, 8), "tf32": (4, 4, 8), "fp8": (4, 4, 8), "bf16": (4, 4, 8),
@@ -105,10 +99,8 @@ def predict_model_state(param_shapes: Sequence[Sequence[int]], *, precision: str
     """Model state per rank for parameters of ``param_shapes`` (each as this rank holds it
     before data-parallel sharding, i.e. after tensor parallel). ``block_param_shapes`` (the
     shapes of each block's parameters) sizes FSDP2's transient gathers."""
-    if precision not in BYTES_PER_PARAM:
-        raise BadInputError(f"precision must be one of {sorted(BYTES_PER_PARAM)}, got {precision!r}")
-    if parallelism not in _SHARDED:
-        raise BadInputError(f"parallelism must be one of {sorted(_SHARDED)}, got {parallelism!r}")
+    checks.one_of("precision", precision, sorted(BYTES_PER_PARAM))
+    checks.one_of("parallelism", parallelism, sorted(_SHARDED))
     if dp_size < 1:
         raise BadInputError(f"dp_size must be >= 1, got {dp_size}")
     p_bytes, g_bytes, o_bytes = BYTES_PER_PARAM[precision]
@@ -194,44 +186,6 @@ def _pipeline_rank_shapes(cfg, model: nn.Module) -> list[list[tuple[int, ...]]]:
     return out
 
 
-def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, str | None]:
-    """(predicted saved-activation bytes per rank, None) for ``cfg``, or (NaN, why not); see the
-    module docstring for what is counted."""
-    from perfkit.measuring.train_config import workload_spec
-
-    if cfg.parallelism == "pp":
-        return math.nan, ("no activation model under pp (the microbatches a stage keeps in flight "
-                          "depend on the schedule)")
-    spec = workload_spec(cfg)
-    b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
-    e = 2 if cfg.precision in ("bf16", "fp16", "bf16-pure") else 4
-    ckpt = cfg.activation_checkpointing
-    if spec.name == "mlp":
-        widths = [spec.in_features] + [spec.hidden_features] * (spec.depth - 1) + [spec.out_features]
-        # Each Linear saves its input, and a ReLU output is the next Linear's input (one tensor).
-        # Checkpointed, the inputs stay and one block's ReLU output is recomputed at a time.
-        inputs = [b * w * e for w in widths[:-1]]
-        blocks = sum(inputs) + (max([b * w * e for w in widths[1:-1]], default=0) if ckpt else 0)
-        # mse_loss saves its fp32 input and target.
-        return float(blocks + 2 * b * spec.out_features * 4), None
-    if spec.name == "transformer":
-        t, d, tp, v = spec.seq_len, spec.d_model, cfg.tp_size, spec.vocab_size
-        btd = b * t * d
-        # Per block: x, ln1 out, ln2 in, ln2 out whole; q, k, v, the SDPA output (out_proj's
-        # input: its head-merging reshape is a view, SDPA returns a (b, t, h, q) layout) and fc1
-        # out, GELU out (mlp_ratio·d each) split by TP; fp32 norm statistics (2 per token per
-        # LayerNorm) and logsumexp (1 per head and token).
-        block = (4 * btd + (4 * btd + 2 * spec.mlp_ratio * btd) // tp) * e \
-            + (4 * b * t + b * (spec.n_heads // tp) * t) * 4
-        # Checkpointed: every block's input, and one block recomputed (its input counted once).
-        layers = spec.n_layers * btd * e + block - btd * e if ckpt else spec.n_layers * block
-        # Token and position indices (int64), ln_f input and output, the fp32 log-softmax of the
-        # logits cross_entropy saves, and its int64 targets.
-        head = (b * t + t) * 8 + 2 * btd * e + 2 * b * t * 4 + b * t * v * 4 + b * t * 8
-        return float(layers + head), None
-    return math.nan, f"no activation model for {spec.name} (mlp and transformer have one)"
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -255,9 +209,11 @@ def predicted_max_batch(cfg, budget_bytes: float, *, multiple_of: int = 1) -> in
     """The largest global batch (a multiple of ``multiple_of``) whose predicted model state,
     FSDP2 gathers and activations fit ``budget_bytes`` per rank; None if none does or the
     activations have no model."""
+    if cfg.parallelism == "pp":
+        return _pipeline_max_batch(cfg, budget_bytes, multiple_of)
     state = predict_for_config(cfg)
-    per_sample, _ = activation_bytes(cfg, batch_per_rank=1)
-    fixed, _ = activation_bytes(cfg, batch_per_rank=0)  # position indices: not per sample
+    per_sample, _ = activations.activation_bytes(cfg, batch_per_rank=1)
+    fixed, _ = activations.activation_bytes(cfg, batch_per_rank=0)  # position indices: not per sample
     per_sample -= fixed
     free = budget_bytes - state.total_bytes - state.param_gather_bytes - fixed
     if math.isnan(per_sample) or free < per_sample:
@@ -267,16 +223,52 @@ def predicted_max_batch(cfg, budget_bytes: float, *, multiple_of: int = 1) -> in
     return batch // multiple_of * multiple_of or None
 
 
+def _pipeline_max_batch(cfg, budget_bytes: float, multiple_of: int) -> int | None:
+    """:func:`predicted_max_batch` under pp: each rank's own model state and activation peak
+    (the ranks differ: the stem and head, and 1F1B's in-flight microbatches p − r), the largest
+    microbatch every rank fits, times the microbatch count."""
+    from perfkit.measuring.train_config import workload_spec
+
+    if math.isnan(activations.activation_bytes(cfg, batch_per_rank=1)[0]):
+        return None
+    spec = workload_spec(cfg)
+    states = [predict_model_state(shapes, precision=cfg.precision, parallelism="pp", dp_size=1).total_bytes
+              for shapes in _pipeline_rank_shapes(cfg, _meta_model(spec))]
+
+    def fits(microbatch: int) -> bool:
+        peaks = activations.pipeline_rank_bytes(cfg, spec, microbatch)
+        return all(state + peak <= budget_bytes for state, peak in zip(states, peaks))
+
+    if not fits(1):
+        return None
+    low, high = 1, 2
+    while fits(high):  # every stage's bytes grow with the microbatch: double, then bisect
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    step = math.lcm(cfg.n_microbatches, multiple_of)
+    return low * cfg.n_microbatches // step * step or None
+
+
+def _max_or_nan(values: list[float]) -> float:
+    """The largest, or NaN when any rank has none (a missing rank is not a smaller one)."""
+    return math.nan if any(v is None or math.isnan(v) for v in values) else float(max(values))
+
+
 def row_columns(cfg, rank_results: list[dict]) -> dict:
     """Training-row columns: each rank's measured model state (the max over ranks) beside the
     prediction for ``cfg`` (a :class:`~perfkit.measuring.train_config.TrainConfig`)."""
     predicted = predict_for_config(cfg)
-    activations, reason = activation_bytes(cfg)
+    saved, reason = activations.activation_bytes(cfg)
     return {
         **{k: max(r[k] for r in rank_results) for k in ("param_bytes", "grad_bytes", "optim_state_bytes")},
         "param_bytes_predicted": predicted.param_bytes, "grad_bytes_predicted": predicted.grad_bytes,
         "optim_state_bytes_predicted": predicted.optim_state_bytes,
         "model_state_bytes_predicted": predicted.total_bytes,
         "param_gather_bytes_predicted": predicted.param_gather_bytes,
-        "activation_bytes_predicted": activations, "activation_bytes_reason": reason,
+        "activation_bytes_predicted": saved, "activation_bytes_reason": reason,
+        "activation_bytes_measured": _max_or_nan([r.get("activation_bytes_measured", math.nan)
+                                                   for r in rank_results]),
+        "activation_bytes_measured_reason": activations.activation_measure_reason(cfg),
     }

@@ -21,6 +21,11 @@ rank. AdamW (per-parameter, so per stage) steps each rank's parameters. The conv
 normalizes over a microbatch, not the batch (as in any pipeline): its trajectory is not the
 single process's.
 
+The schedule runs with ``return_outputs=False``: torch's default keeps every microbatch's
+output on the last stage and concatenates them after the step, memory and time a training loop
+does not spend. The saved activations are measured on the last warm-up step (the first also
+runs torch's shape inference), :class:`perfkit.measuring.activations.SavedActivationMeter`.
+
 Timing (per step, every rank): the batch fetch (``data_time_samples_s``, outside the step, as
 elsewhere), a barrier, the schedule's step, a barrier, the optimizer step. The step time is the
 slowest rank's barrier-to-optimizer-done; the pipeline window is the span between the two
@@ -35,13 +40,15 @@ cost is known and the bubble's shape shows through the noise of a shared CPU.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 
 import torch
 
 from perfkit.core import precision as precision_policy
 from perfkit.core.errors import ConfigurationSkipped
-from perfkit.measuring import memory_model, trace_capture, workloads
+from perfkit.measuring import activations, memory_model, trace_capture, workloads
 from perfkit.measuring import pipeline_stages as ps
 from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
 from perfkit.measuring.training import batch_seed, peak_mem_bytes, rank_device, rank_facts, synchronize
@@ -84,6 +91,9 @@ def pipeline_rank(config: dict) -> dict:
     optimizer = torch.optim.AdamW(held.parameters(), lr=cfg.lr)
     has_first, has_last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     losses, step_s, data_s, window_s, timelines = [], [], [], [], []
+    # The saved activations, measured on the last warm-up step (the first also infers shapes).
+    measure_saved = activations.activation_measure_reason(cfg) is None
+    meter = activations.SavedActivationMeter(held.parameters()) if measure_saved else contextlib.nullcontext()
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
         trace_capture.rank_trace_path(cfg.trace_dir, rank), device=device.type, skip_steps=cfg.warmup_steps)
@@ -101,8 +111,11 @@ def pipeline_rank(config: dict) -> dict:
             dist.barrier()
             t0 = time.perf_counter()
             timeline.start()
-            schedule.step(*((inputs,) if has_first else ()), target=target if has_last else None,
-                          losses=mb_losses)
+            with meter if step == cfg.warmup_steps - 1 else contextlib.nullcontext():
+                # return_outputs=False: the last stage need not keep every microbatch's output
+                # and concatenate them after the step (a training loop does not use them).
+                schedule.step(*((inputs,) if has_first else ()), target=target if has_last else None,
+                              losses=mb_losses, return_outputs=False)
             synchronize(device)
             dist.barrier()
             intervals, window = timeline.stop()
@@ -127,6 +140,7 @@ def pipeline_rank(config: dict) -> dict:
             "trace_reason": profiler.reason, "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
             "counted_flop": None, "collective_calls": None, "param_bytes": state.param_bytes,
             "grad_bytes": state.grad_bytes, "optim_state_bytes": state.optim_state_bytes,
+            "activation_bytes_measured": float(meter.peak_bytes) if measure_saved else math.nan,
             "uncounted_ops": [], "grad_scale": float("nan"), **rank_facts(work, device),
             "stages": mine, "stage_params": sum(q.numel() for q in held.parameters()),
             "intervals": timelines, "window_samples_s": window_s}

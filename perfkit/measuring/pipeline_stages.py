@@ -18,8 +18,8 @@ from torch import nn
 from perfkit.analyse import pipeline_bubble
 from perfkit.measuring import workloads
 
-__all__ = ["V_SHAPED", "GLOO_HANGS", "skip_reason", "n_blocks", "StageModule", "stage_bounds", "rank_stage_indices", "rank_of_stage", "Timeline",
-           "timed_stage_class"]
+__all__ = ["V_SHAPED", "GLOO_HANGS", "skip_reason", "n_blocks", "StageModule", "stage_bounds",
+           "rank_stage_indices", "rank_of_stage", "rank_actions", "Timeline", "timed_stage_class"]
 
 #: Schedules whose stages sit on the ranks in a V (torch: generate_stage_to_rank_mapping "v").
 V_SHAPED = ("ZBVZeroBubble",)
@@ -121,6 +121,35 @@ def rank_of_stage(schedule: str, world_size: int, stage: int) -> int:
     if schedule in V_SHAPED and stage >= world_size:
         return 2 * world_size - 1 - stage
     return stage % world_size
+
+
+def rank_actions(schedule: str, world_size: int, stages_per_rank: int, n_microbatches: int,
+                 rank: int) -> list[tuple[str, int]] | None:
+    """The order in which ``rank`` runs its stages' forwards and full backwards in one step:
+    ``("F", stage)`` and ``("B", stage)``, as torch 2.13's schedules order them (GPipe: every
+    forward, then every backward; 1F1B: min(m, p − r) forwards, then a backward before each
+    further forward; Interleaved1F1B: torch's ``_get_warmup_ops`` warm-up forwards, depth
+    first over the local stages in rounds of m // max(1, m // p) microbatches, then forward,
+    backward pairs). None for the zero-bubble schedules, whose split backward keeps a
+    microbatch's autograd graph from its input-gradient step to its weight-gradient step."""
+    p, v, m, r = world_size, stages_per_rank, n_microbatches, rank
+    if schedule == "GPipe":
+        return [("F", r)] * m + [("B", r)] * m
+    if schedule == "1F1B":
+        warmup = min(m, p - r)
+        steady = [a for i in range(m) for a in [("B", r)] + ([("F", r)] if warmup + i < m else [])]
+        return [("F", r)] * warmup + steady
+    if schedule != "Interleaved1F1B":
+        return None
+    per_round = m // max(1, m // p)
+    ops = m * v
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - r), ops)
+    forward = lambda op: ((op // per_round) % v) * p + r  # noqa: E731 - torch's forward_stage_index
+    backward = lambda op: (v - 1 - ((op - warmup) // per_round) % v) * p + r  # noqa: E731
+    out = [("F", forward(op)) for op in range(warmup)]
+    for op in range(warmup, ops):
+        out += [("F", forward(op)), ("B", backward(op))]
+    return out + [("B", backward(op)) for op in range(ops, ops + warmup)]
 
 
 class Timeline:

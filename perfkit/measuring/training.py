@@ -20,8 +20,10 @@ its forward and backward issued (``all_gather_calls_per_step``, ``reduce_scatter
 
 Memory per rank (:mod:`perfkit.measuring.memory_model`): the parameter, gradient and optimizer-state
 bytes each rank holds after the last step (``param_bytes``, ``grad_bytes``, ``optim_state_bytes``,
-the max over ranks) beside their ``_predicted`` values, ``model_state_bytes_predicted`` and
-``activation_bytes_predicted``; ``peak_mem_bytes`` is the CUDA allocator's peak on a GPU.
+the max over ranks) beside their ``_predicted`` values, ``model_state_bytes_predicted``, and
+``activation_bytes_predicted`` beside ``activation_bytes_measured`` (what autograd held saved on
+the last warm-up step; NaN with ``activation_bytes_measured_reason`` where not measured);
+``peak_mem_bytes`` is the CUDA allocator's peak on a GPU.
 
 The configuration and the device-support check are in :mod:`perfkit.measuring.train_config`.
 Entry points: :func:`train_step_benchmark` (this process), :func:`train_rank` (a
@@ -51,7 +53,7 @@ from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, raise_for_status, status_for_error  # noqa: F401 - the notebooks call training.raise_for_status
 from perfkit.core.timing import Measurement
-from perfkit.measuring import memory_model, parallel, trace_capture, workloads
+from perfkit.measuring import activations, memory_model, parallel, trace_capture, workloads
 from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
@@ -68,11 +70,13 @@ def batch_seed(cfg: TrainConfig, step: int) -> int:
 def _batch(cfg: TrainConfig, work: workloads.Workload, step: int, ctx: parallel.DistContext,
            device: torch.device):
     """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
-    single process see the same global batch."""
+    single process see the same global batch; then copied, so the rank holds only its slice
+    (as a real loader's), not a view keeping the global batch alive on a CPU."""
     inputs, target = work.make_batch(cfg.batch_size, seed=batch_seed(cfg, step))
     size = cfg.batch_size // ctx.dp_size
     lo = size * ctx.dp_rank
-    inputs, target = inputs[lo:lo + size].to(device), target[lo:lo + size].to(device)
+    inputs, target = (inputs[lo:lo + size].to(device, copy=True),
+                      target[lo:lo + size].to(device, copy=True))
     if cfg.precision == "bf16-pure" and inputs.is_floating_point():
         inputs = inputs.to(torch.bfloat16)
     return inputs, target
@@ -150,7 +154,8 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
-    losses, samples_s, data_s, counted = [], [], [], None
+    measure_saved = activations.activation_measure_reason(cfg) is None
+    losses, samples_s, data_s, counted, saved_peak = [], [], [], None, math.nan
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
         trace_capture.rank_trace_path(cfg.trace_dir, ctx.rank), device=device.type, skip_steps=cfg.warmup_steps)
@@ -166,9 +171,12 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             if step >= cfg.warmup_steps:
                 data_s.append(time.perf_counter() - t_data)
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
+            on_last_warmup = measure_saved and step == cfg.warmup_steps - 1
+            meter = (activations.SavedActivationMeter(model.parameters()) if on_last_warmup
+                     else contextlib.nullcontext())
             synchronize(device)
             t0 = time.perf_counter()
-            with counter:  # forward and backward: what the analytic model FLOP describe
+            with counter, meter:  # forward and backward: what the analytic model FLOP describe
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     out = model(inputs)
@@ -186,6 +194,8 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
                 samples_s.append(time.perf_counter() - t0)
             if isinstance(counter, OpCounter):
                 counted = counter.frame()
+            if isinstance(meter, activations.SavedActivationMeter):
+                saved_peak = float(meter.peak_bytes)
             losses.append(loss.detach().float())
             profiler.step()
     losses_t = torch.stack(losses)
@@ -202,7 +212,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
             "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
-            "uncounted_ops": uncounted, "grad_scale": scaler.get_scale() if scaler else math.nan,
+            "activation_bytes_measured": saved_peak, "uncounted_ops": uncounted, "grad_scale": scaler.get_scale() if scaler else math.nan,
             **rank_facts(work, device)}
 
 

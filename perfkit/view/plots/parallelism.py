@@ -16,7 +16,7 @@ import pandas as pd
 
 from ._common import display_scale, hv_bokeh, ok_rows
 from .pipeline import bubble_vs_microbatches
-from .training import memory_vs_batch, throughput_vs_batch
+from .training import activations_vs_batch, memory_vs_batch, throughput_vs_batch
 
 __all__ = ["parallel_rows", "model_state_per_rank", "parallelism_section"]
 
@@ -81,13 +81,15 @@ def _pipeline_setting(rows: pd.DataFrame) -> pd.Series:
 
 
 def parallelism_section(rows: pd.DataFrame, all_rows: pd.DataFrame):
-    """The report section: model state per rank, throughput and peak memory per rank against the
-    batch for each parallelism, and the pipeline bubble when pipeline rows are present."""
+    """The report section: model state per rank, throughput, peak memory and saved activations per
+    rank against the batch for each parallelism (a pipeline's per schedule and microbatch count),
+    and the pipeline bubble when pipeline rows are present."""
     hv = hv_bokeh()
     parallel = parallel_rows(all_rows)
     # A pipeline's line per schedule and microbatch count: each is its own way of running the step.
     by_setting = parallel.assign(parallelism=_pipeline_setting(parallel))
-    plots = [model_state_per_rank(parallel), throughput_vs_batch(by_setting), memory_vs_batch(by_setting)]
+    plots = [model_state_per_rank(parallel), throughput_vs_batch(by_setting), memory_vs_batch(by_setting),
+             activations_vs_batch(by_setting)]
     if (parallel["parallelism"] == "pp").any():
         plots.append(bubble_vs_microbatches(parallel))
     return hv.Layout(plots).cols(1)

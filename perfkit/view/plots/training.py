@@ -12,7 +12,7 @@ import pandas as pd
 
 from ._common import display_scale, hv_bokeh, ok_rows
 
-__all__ = ["throughput_vs_batch", "memory_vs_batch", "mfu_vs_batch", "training_summary",
+__all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
 
 _WORKLOAD = "train_step"
@@ -133,6 +133,35 @@ def memory_vs_batch(df: pd.DataFrame):
                         legend_position="bottom_right", show_grid=True))
 
 
+def activations_vs_batch(df: pd.DataFrame):
+    """Saved activations per rank vs global batch size: what autograd held at once on the last
+    warm-up step (solid, ``activation_bytes_measured``) beside the memory model (dashed,
+    ``activation_bytes_predicted``). The part of the memory that grows with the batch."""
+    hv = hv_bokeh()
+    rows = _ok(df, "activation_bytes_predicted")
+    if rows.empty:
+        return _empty("activation_bytes_predicted")
+    measured = rows["activation_bytes_measured"] if "activation_bytes_measured" in rows \
+        else pd.Series(float("nan"), index=rows.index)
+    scale, prefix = display_scale(rows["activation_bytes_predicted"].tolist() + measured.dropna().tolist())
+    rows["predicted"], rows["measured"] = rows["activation_bytes_predicted"] / scale, measured / scale
+    hover = [("series", "@series"), ("batch size", "@batch_size")]
+    elements = _lines(rows, "predicted", ["series", "noisy"],
+                      hover + [("predicted", f"@predicted{{0.00}} {prefix}B")], dash="dashed",
+                      suffix=" predicted")
+    held = rows[rows["measured"].notna()]
+    if not held.empty:
+        elements += _lines(held, "measured", ["series", "noisy"],
+                           hover + [("measured", f"@measured{{0.00}} {prefix}B")], suffix=" measured")
+    ylabel = f"saved activations ({prefix}B)"
+    return hv.Overlay(elements).opts(
+        hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
+        hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
+                              "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
+                        logx=True, width=760, height=360, legend_position="bottom_right",
+                        show_grid=True))
+
+
 def mfu_vs_batch(df: pd.DataFrame):
     """MFU (solid) and counted-FLOP utilisation (dashed) in percent vs global batch size; the
     convention is in the hover. Says why instead when no row has a known peak."""
@@ -168,9 +197,10 @@ def mfu_vs_batch(df: pd.DataFrame):
 
 
 def training_summary(df: pd.DataFrame):
-    """Throughput, MFU and memory vs batch size, one above the other."""
+    """Throughput, MFU, memory and saved activations vs batch size, one above the other."""
     hv = hv_bokeh()
-    return hv.Layout([throughput_vs_batch(df), mfu_vs_batch(df), memory_vs_batch(df)]).cols(1)
+    return hv.Layout([throughput_vs_batch(df), mfu_vs_batch(df), memory_vs_batch(df),
+                      activations_vs_batch(df)]).cols(1)
 
 
 def training_section(rows: pd.DataFrame, all_rows: pd.DataFrame):
