@@ -88,6 +88,13 @@ def env_target(config: dict) -> dict:
     return {"knob": os.environ.get(config["name"])}
 
 
+def threads_target(config: dict) -> dict:
+    import torch
+
+    return {"omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS"),
+            "torch_threads": torch.get_num_threads()}
+
+
 def memory_error_target(config: dict) -> dict:
     import torch.distributed as dist
 
@@ -167,6 +174,19 @@ def test_env_reaches_ranks_but_not_the_caller():
     assert result.status == "ok", result.error
     assert [r["knob"] for r in result.rank_results] == ["ring", "ring"]
     assert name not in os.environ
+
+
+def test_a_thread_share_is_split_over_the_ranks_and_an_explicit_one_kept(monkeypatch):
+    # A sweep slot of 4 threads running 2 ranks: 2 each, not 4 each (torchrun keeps an inherited
+    # OMP_NUM_THREADS as it is for every rank).
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    split = launch(_target("threads_target"), {}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
+    assert split.status == "ok", split.error
+    assert [(r["omp"], r["torch_threads"]) for r in split.rank_results] == [("2", 2), ("2", 2)]
+    kept = launch(_target("threads_target"), {}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S,
+                  env={"OMP_NUM_THREADS": "3"})  # the caller's per-rank choice (scaling_run's)
+    assert [(r["omp"], r["mkl"]) for r in kept.rank_results] == [("3", None), ("3", None)]
 
 
 def test_memory_error_in_a_rank_is_oom():

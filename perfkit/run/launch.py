@@ -199,6 +199,19 @@ def _format_error(report: dict) -> str:
     return f"{report['error_name']}: {report['message']}\n{report['traceback']}"
 
 
+def _rank_threads(inherited: Mapping[str, str], env: Mapping[str, str], nproc: int) -> dict:
+    """CPU threads for each of ``nproc`` local ranks when this process has a thread share
+    (``OMP_NUM_THREADS``: a sweep slot's cores) and the caller did not set one per rank: the share
+    split over the ranks, at least 1. torchrun sets 1 only when the variable is unset, so every
+    rank would otherwise compute with the whole share: on a 2-core slot, 2 ranks × 2 threads
+    oversubscribed the cores and starved DDP's gloo all-reduce thread (steps 3-60x longer)."""
+    share = inherited.get("OMP_NUM_THREADS", "")
+    if nproc < 2 or "OMP_NUM_THREADS" in env or not share.isdigit():
+        return {}
+    per_rank = str(max(1, int(share) // nproc))
+    return {"OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank}
+
+
 def launch(
     target: str,
     config: dict,
@@ -217,7 +230,9 @@ def launch(
     ``target`` is ``"module:function"``; the function takes the (JSON-serialisable) config and
     returns a JSON-serialisable dict, after ``init_process_group(backend=backend)`` on every rank
     (``gloo`` on CPU, ``nccl`` on CUDA and ROCm) with the rank's device set (``cuda``:
-    ``LOCAL_RANK``). ``env`` is added to the launched processes' environment only. One node uses
+    ``LOCAL_RANK``). ``env`` is added to the launched processes' environment only; without an
+    ``OMP_NUM_THREADS`` in it, this process's thread share is split over the local ranks
+    (:func:`_rank_threads`). One node uses
     torchrun's ``--standalone`` rendezvous unless ``rdzv_endpoint`` is given (required with
     several nodes; every node calls ``launch`` with its ``node_rank``). The launch ends within
     ``timeout_s`` plus a few seconds of teardown whatever the ranks do.
@@ -228,7 +243,7 @@ def launch(
     work_dir = tempfile.mkdtemp(prefix="perfkit-launch-")
     try:
         token = _teardown.new_token()
-        child_env = {**os.environ, **(env or {}), token: "1"}
+        child_env = {**os.environ, **_rank_threads(os.environ, env or {}, nproc), **(env or {}), token: "1"}
         job_path = os.path.join(work_dir, "job.json")
         with open(job_path, "w") as f:
             f.write(json.dumps({
