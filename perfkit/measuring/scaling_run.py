@@ -84,7 +84,8 @@ class ScalingConfig:
     batch_size: int = 32
     """Global batch (strong) or per-device batch (weak), in samples."""
     threads_per_rank: int | None = 1
-    """CPU threads per rank (``OMP_NUM_THREADS``); None leaves torchrun's default."""
+    """CPU threads per rank (``OMP_NUM_THREADS``); None: the launcher's rule (this process's
+    thread share split over the ranks, or torchrun's 1 per rank when there is none)."""
     timeout_s: float = 300.0
     """Deadline of each launch (one per world size)."""
     straggler_rank: int = 0
