@@ -122,7 +122,8 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
             return math.nan, f"no activation model for {spec.name} (mlp and transformer have one)"
         if rank_actions(cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, cfg.n_microbatches, 0) is None:
             return math.nan, (f"no activation model for {cfg.pp_schedule}: its split backward keeps "
-                              "a microbatch's graph until the weight-gradient step, placed by the schedule")
+                              "graphs past their weight-gradient step (measured: they grow with the "
+                              "microbatch count); activation_bytes_measured has the real peak")
         return max(pipeline_rank_bytes(cfg, spec, b)), None
     b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
     parts = _saved_parts(spec, b, cfg.precision, cfg.tp_size)
