@@ -24,12 +24,16 @@ beside the model state.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import weakref
 
 import torch
 
-__all__ = ["activation_bytes", "pipeline_rank_bytes", "activation_measure_reason", "SavedActivationMeter"]
+__all__ = ["activation_bytes", "pipeline_rank_bytes", "activation_measure_reason", "SavedActivationMeter",
+           "step_meter"]
+
+#: The workloads with an activation model (the convnet has none).
+MODELLED = ("mlp", "transformer")
 
 
 def _element_bytes(precision: str) -> int:
@@ -37,9 +41,9 @@ def _element_bytes(precision: str) -> int:
     return 2 if precision in ("bf16", "fp16", "bf16-pure") else 4
 
 
-def _saved_parts(spec, b: int, precision: str, tp: int) -> tuple[list[int], int, int] | None:
+def _saved_parts(spec, b: int, precision: str, tp: int) -> tuple[list[int], int, int]:
     """Bytes autograd saves for a batch of ``b`` without checkpointing: per block, for the stem
-    and for the head with the loss; None for a workload without an activation model.
+    and for the head with the loss (``spec`` one of :data:`MODELLED`).
 
     Under bf16/fp16 autocast each Linear saves a 16-bit copy of its weight (cast once per
     forward) and of an fp32 input, and the transformer's residual stream stays fp32."""
@@ -53,7 +57,7 @@ def _saved_parts(spec, b: int, precision: str, tp: int) -> tuple[list[int], int,
         weights = [w_in * w_out * e if autocast and i else 0
                    for i, (w_in, w_out) in enumerate(zip(widths, widths[1:]))]
         return [b * w * e + c for w, c in zip(widths, weights)], 0, 2 * b * spec.out_features * 4
-    if spec.name == "transformer":
+    if spec.name == "transformer":  # the only other one of MODELLED
         t, d, v, r = spec.seq_len, spec.d_model, spec.vocab_size, spec.mlp_ratio
         btd = b * t * d
         # Per block, split by TP: q, k, v, the SDPA output (out_proj's input: its head-merging
@@ -73,7 +77,7 @@ def _saved_parts(spec, b: int, precision: str, tp: int) -> tuple[list[int], int,
         norm = btd * 4 + btd * e + d * v * e if autocast else 2 * btd * e
         head = norm + 2 * b * t * 4 + b * t * v * 4 + b * t * 8
         return [block] * spec.n_layers, (b * t + t) * 8, head
-    return None
+    raise ValueError(f"no activation model for {spec.name}")
 
 
 def _stage_bytes(spec, parts: tuple[list[int], int, int], lo: int, hi: int, *, first: bool,
@@ -116,26 +120,23 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
     from perfkit.measuring.train_config import workload_spec
 
     spec, e = workload_spec(cfg), _element_bytes(cfg.precision)
+    if spec.name not in MODELLED:
+        return math.nan, f"no activation model for {spec.name} ({' and '.join(MODELLED)} have one)"
     if cfg.parallelism == "pp":
         b = cfg.batch_size // cfg.n_microbatches if batch_per_rank is None else batch_per_rank
-        if _saved_parts(spec, b, cfg.precision, 1) is None:
-            return math.nan, f"no activation model for {spec.name} (mlp and transformer have one)"
         if rank_actions(cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, cfg.n_microbatches, 0) is None:
             return math.nan, (f"no activation model for {cfg.pp_schedule}: its split backward keeps "
                               "graphs past their weight-gradient step (measured: they grow with the "
                               "microbatch count); activation_bytes_measured has the real peak")
         return max(pipeline_rank_bytes(cfg, spec, b)), None
     b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
-    parts = _saved_parts(spec, b, cfg.precision, cfg.tp_size)
-    if parts is None:
-        return math.nan, f"no activation model for {spec.name} (mlp and transformer have one)"
-    blocks, stem, head = parts
+    blocks, stem, head = _saved_parts(spec, b, cfg.precision, cfg.tp_size)
     if not cfg.activation_checkpointing:
         return float(sum(blocks) + stem + head), None
     if spec.name == "mlp":
         # Checkpointed, the inputs stay and one block's ReLU output is recomputed at a time.
-        widths = [spec.hidden_features] * (spec.depth - 1)
-        return float(sum(blocks) + max([b * w * e for w in widths], default=0) + head), None
+        recomputed = b * spec.hidden_features * e if spec.depth > 1 else 0
+        return float(sum(blocks) + recomputed + head), None
     # Checkpointed: every block's input (fp32 under autocast), and one block recomputed (its
     # input counted once).
     btd_x = b * spec.seq_len * spec.d_model * (4 if cfg.precision in ("bf16", "fp16") else e)
@@ -160,11 +161,25 @@ def activation_measure_reason(cfg) -> str | None:
     return None
 
 
-class _Held:
-    __slots__ = ("tensor", "__weakref__")
+def step_meter(cfg, step: int, params):
+    """A :class:`SavedActivationMeter` for training step ``step`` of ``cfg`` when it is the step
+    measured (the last warm-up step, where :func:`activation_measure_reason` allows), else a
+    null context: ``with step_meter(...) as meter:``, then ``meter`` is None or has the peak."""
+    if step == cfg.warmup_steps - 1 and activation_measure_reason(cfg) is None:
+        return SavedActivationMeter(params)
+    return contextlib.nullcontext()
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
+
+class _Held:
+    """A saved tensor as autograd keeps it while the meter is on; its release is the count's."""
+
+    __slots__ = ("tensor", "_meter", "_ptr")
+
+    def __init__(self, tensor: torch.Tensor, meter: "SavedActivationMeter", ptr: int):
+        self.tensor, self._meter, self._ptr = tensor, meter, ptr
+
+    def __del__(self):  # autograd dropped it: backward freed the graph
+        self._meter._release(self._ptr)
 
 
 class SavedActivationMeter:
@@ -172,8 +187,7 @@ class SavedActivationMeter:
     (``peak_bytes``): distinct storages (a tensor saved twice, or views of one storage, count
     once), the given parameters' storages excluded. ``with meter:`` installs
     ``torch.autograd.graph.saved_tensors_hooks`` (thread-local) around forward passes; a saved
-    tensor counts until autograd drops it (backward frees the graph). Autocast's saved weight
-    copies count (they are held), which the prediction leaves out."""
+    tensor counts until autograd drops it (backward frees the graph)."""
 
     def __init__(self, params):
         self._params = {p.untyped_storage().data_ptr() for p in params}
@@ -198,9 +212,7 @@ class SavedActivationMeter:
             self.now_bytes += entry[0]
             self.peak_bytes = max(self.peak_bytes, self.now_bytes)
         entry[1] += 1
-        held = _Held(tensor)
-        weakref.finalize(held, self._release, ptr)
-        return held
+        return _Held(tensor, self, ptr)
 
     @staticmethod
     def _unpack(held):

@@ -40,7 +40,6 @@ cost is known and the bubble's shape shows through the noise of a shared CPU.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -90,10 +89,7 @@ def pipeline_rank(config: dict) -> dict:
     held = torch.nn.ModuleList(s.submod for s in stages)
     optimizer = torch.optim.AdamW(held.parameters(), lr=cfg.lr)
     has_first, has_last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    losses, step_s, data_s, window_s, timelines = [], [], [], [], []
-    # The saved activations, measured on the last warm-up step (the first also infers shapes).
-    measure_saved = activations.activation_measure_reason(cfg) is None
-    meter = activations.SavedActivationMeter(held.parameters()) if measure_saved else contextlib.nullcontext()
+    losses, step_s, data_s, window_s, timelines, saved_peak = [], [], [], [], [], math.nan
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
         trace_capture.rank_trace_path(cfg.trace_dir, rank), device=device.type, skip_steps=cfg.warmup_steps)
@@ -111,11 +107,14 @@ def pipeline_rank(config: dict) -> dict:
             dist.barrier()
             t0 = time.perf_counter()
             timeline.start()
-            with meter if step == cfg.warmup_steps - 1 else contextlib.nullcontext():
+            # The saved activations, measured on the last warm-up step (the first infers shapes).
+            with activations.step_meter(cfg, step, held.parameters()) as meter:
                 # return_outputs=False: the last stage need not keep every microbatch's output
                 # and concatenate them after the step (a training loop does not use them).
                 schedule.step(*((inputs,) if has_first else ()), target=target if has_last else None,
                               losses=mb_losses, return_outputs=False)
+            if meter is not None:
+                saved_peak = float(meter.peak_bytes)
             synchronize(device)
             dist.barrier()
             intervals, window = timeline.stop()
@@ -140,7 +139,7 @@ def pipeline_rank(config: dict) -> dict:
             "trace_reason": profiler.reason, "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
             "counted_flop": None, "collective_calls": None, "param_bytes": state.param_bytes,
             "grad_bytes": state.grad_bytes, "optim_state_bytes": state.optim_state_bytes,
-            "activation_bytes_measured": float(meter.peak_bytes) if measure_saved else math.nan,
+            "activation_bytes_measured": saved_peak,
             "uncounted_ops": [], "grad_scale": float("nan"), **rank_facts(work, device),
             "stages": mine, "stage_params": sum(q.numel() for q in held.parameters()),
             "intervals": timelines, "window_samples_s": window_s}

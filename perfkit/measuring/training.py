@@ -154,7 +154,6 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
-    measure_saved = activations.activation_measure_reason(cfg) is None
     losses, samples_s, data_s, counted, saved_peak = [], [], [], None, math.nan
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
@@ -171,12 +170,11 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             if step >= cfg.warmup_steps:
                 data_s.append(time.perf_counter() - t_data)
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
-            on_last_warmup = measure_saved and step == cfg.warmup_steps - 1
-            meter = (activations.SavedActivationMeter(model.parameters()) if on_last_warmup
-                     else contextlib.nullcontext())
             synchronize(device)
             t0 = time.perf_counter()
-            with counter, meter:  # forward and backward: what the analytic model FLOP describe
+            # Forward and backward: what the analytic model FLOP describe (counted on step 0) and
+            # where the saved activations are measured (on the last warm-up step).
+            with counter, activations.step_meter(cfg, step, model.parameters()) as meter:
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     out = model(inputs)
@@ -194,7 +192,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
                 samples_s.append(time.perf_counter() - t0)
             if isinstance(counter, OpCounter):
                 counted = counter.frame()
-            if isinstance(meter, activations.SavedActivationMeter):
+            if meter is not None:
                 saved_peak = float(meter.peak_bytes)
             losses.append(loss.detach().float())
             profiler.step()
@@ -212,7 +210,8 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
             "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
-            "activation_bytes_measured": saved_peak, "uncounted_ops": uncounted, "grad_scale": scaler.get_scale() if scaler else math.nan,
+            "activation_bytes_measured": saved_peak, "uncounted_ops": uncounted,
+            "grad_scale": scaler.get_scale() if scaler else math.nan,
             **rank_facts(work, device)}
 
 
