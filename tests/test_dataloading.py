@@ -285,3 +285,12 @@ def test_every_ending_is_a_row_and_stops_the_notebook_the_way_it_ended(monkeypat
         dataloading.raise_for_status([{"status": "failed", "error": "boom", "workload": "dataloader"}])
     assert failed.value.status == "failed"
     dataloading.raise_for_status([skipped, {"status": "ok"}])  # one ok row: the notebook goes on
+
+
+def test_a_pinned_configuration_is_labelled_pinned_once():
+    from perfkit.view.plots.dataloading import _label, _series
+
+    rows = pd.DataFrame({"format": ["files", "files"], "pin_memory_applied": [True, False],
+                         "num_workers": [2, 2]})
+    rows["series"] = _series(rows)
+    assert [_label(r) for _, r in rows.iterrows()] == ["files pinned w2", "files w2"]

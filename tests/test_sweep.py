@@ -255,6 +255,18 @@ def test_status_for_error_maps_execution_failures():
     assert status_for_error("ValueError", "out of memory") == "failed"
 
 
+def test_error_row_is_the_base_row_with_the_ending_status_and_error():
+    from perfkit.core.errors import ConfigurationSkipped
+    from perfkit.core.status import error_row
+
+    base = {"config_id": "c", "error": None}
+    assert error_row(base, ConfigurationSkipped("tf32 needs a GPU")) == \
+        {"config_id": "c", "status": "skipped", "error": "tf32 needs a GPU"}
+    oom = error_row(base, RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
+    assert oom["status"] == "oom" and oom["error"].startswith("builtins.RuntimeError: DefaultCPUAllocator")
+    assert error_row(base, ValueError("x"))["status"] == "failed" and base["error"] is None
+
+
 @pytest.mark.slow
 def test_a_warming_kernel_runs_at_idle_priority_until_handed_a_configuration():
     # A slot's next kernel starts while the current configuration is measured on the same cores;

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from .errors import ConfigurationSkipped, ExecutionFailed
 
-__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "FINISHED",
+__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "error_row", "FINISHED",
            "OutOfMemoryError", "raise_for_status"]
 
 OK, FAILED, OOM, TIMEOUT, KILLED, SKIPPED = "ok", "failed", "oom", "timeout", "killed", "skipped"
@@ -28,6 +28,16 @@ _OOM_TEXT = re.compile(
     r"|out of memory|Cannot allocate memory",
     re.IGNORECASE,
 )
+
+
+def error_row(base: Mapping, error: BaseException) -> dict:
+    """The row of a configuration that ended with ``error``: ``base`` with its ``status``
+    (``skipped`` with the reason for :class:`ConfigurationSkipped`, else what
+    :func:`status_for_error` says) and ``error`` (the class's dotted name and message)."""
+    if isinstance(error, ConfigurationSkipped):
+        return {**base, "status": SKIPPED, "error": error.reason}
+    name = f"{type(error).__module__}.{type(error).__qualname__}"
+    return {**base, "status": status_for_error(name, str(error)), "error": f"{name}: {error}"}
 
 
 def status_for_error(error_name: str, message: str = "") -> str:

@@ -381,11 +381,11 @@ def run_loader_benchmark(cfg: LoaderConfig) -> dict:
     base = {**cfg.as_row(), "workload": WORKLOAD}
     try:
         return _benchmark(cfg, _device(cfg))
-    except ConfigurationSkipped as skipped:
-        return {**base, "status": SKIPPED, "error": skipped.reason}
-    except Exception as error:  # noqa: BLE001 - the row records every failure (an OOM is an edge)
-        name = f"{type(error).__module__}.{type(error).__qualname__}"
-        return {**base, "status": status.status_for_error(name, str(error)), "error": f"{name}: {error}"}
+    except Exception as error:  # noqa: BLE001 - the row records every ending (an OOM is an edge)
+        return status.error_row(base, error)
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # after an OOM, give the next configuration a clean pool
 
 
 # ---- notebooks ----------------------------------------------------------------------------------

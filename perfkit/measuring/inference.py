@@ -44,7 +44,7 @@ import torch
 from perfkit.analyse.inference import latency_metrics
 from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
-from perfkit.core.status import OK, SKIPPED, raise_for_status, status_for_error  # noqa: F401 - the notebook calls inference.raise_for_status
+from perfkit.core.status import OK, error_row, raise_for_status  # noqa: F401 - the notebook calls inference.raise_for_status
 from perfkit.measuring import kv_cache as kv
 from perfkit.measuring import workloads
 
@@ -397,11 +397,8 @@ def run_inference(cfg: InferenceConfig, ceilings: pd.DataFrame | None = None) ->
         if reason:
             raise ConfigurationSkipped(reason)
         return _run(cfg, ceilings)
-    except ConfigurationSkipped as skipped:
-        return {**base, "status": SKIPPED, "error": skipped.reason}
-    except Exception as error:  # noqa: BLE001 - the row records every failure
-        name = f"{type(error).__module__}.{type(error).__qualname__}"
-        return {**base, "status": status_for_error(name, str(error)), "error": f"{name}: {error}"}
+    except Exception as error:  # noqa: BLE001 - the row records every ending
+        return error_row(base, error)
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # after an OOM, give the next configuration a clean pool

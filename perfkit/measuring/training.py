@@ -51,7 +51,7 @@ from torch import nn
 from perfkit.analyse import mfu, pipeline_bubble
 from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
-from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, raise_for_status, status_for_error  # noqa: F401 - the notebooks call training.raise_for_status
+from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, error_row, raise_for_status  # noqa: F401 - the notebooks call training.raise_for_status
 from perfkit.core.timing import Measurement
 from perfkit.measuring import activations, memory_model, parallel, trace_capture, workloads
 from perfkit.measuring.train_config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
@@ -382,12 +382,8 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
     if not isolate:
         try:
             return train_step_benchmark(cfg)
-        except ConfigurationSkipped as skipped:
-            return {**base, "status": SKIPPED, "error": skipped.reason}
-        except Exception as error:  # noqa: BLE001 - the row records every failure
-            name = f"{type(error).__module__}.{type(error).__qualname__}"
-            status = status_for_error(name, str(error))
-            return {**base, "status": status, "error": f"{name}: {error}"}
+        except Exception as error:  # noqa: BLE001 - the row records every ending
+            return error_row(base, error)
         finally:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # after an OOM, give the next configuration a clean pool

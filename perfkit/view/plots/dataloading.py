@@ -36,7 +36,7 @@ def _rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def _series(df: pd.DataFrame) -> pd.Series:
     label = df["format"].astype(str)
-    if "pin_memory_applied" in df and df["pin_memory_applied"].astype(str).nunique() > 1:
+    if "pin_memory_applied" in df:  # the label says "pinned" where the loader pinned
         label = label + df["pin_memory_applied"].map({True: " pinned", False: ""}).fillna("")
     for col in _VARYING:
         if col in df and df[col].astype(str).nunique() > 1:
@@ -48,9 +48,11 @@ def _empty(what: str):
     return hv_bokeh().Div(f"<p>No data-loading rows with status ok and {what}.</p>")
 
 
-def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s"):
+def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", *,
+                          rec: pd.DataFrame | None = None):
     """Step throughput (``step_samples_per_s``; or loader-only ``samples_per_s``) against
-    ``num_workers``, one line per series; hollow: noisy; star: the recommended setting."""
+    ``num_workers``, one line per series; hollow: noisy; star: the recommended setting
+    (``rec``: :func:`perfkit.analyse.dataloading.recommend` of these rows, computed if None)."""
     hv = hv_bokeh()
     rows = _rows(df)
     if rows.empty or metric not in rows:
@@ -70,7 +72,7 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s"):
             tools=["hover"], hover_tooltips=hover, size=9,
             fill_alpha=hv.dim("noisy").categorize({True: 0.0, False: 1.0}, default=1.0)))
     if metric == "step_samples_per_s":
-        rec = analysis.recommend(rows)
+        rec = analysis.recommend(rows) if rec is None else rec
         if not rec.empty:
             stars = pd.DataFrame({"num_workers": rec["recommended_num_workers"],
                                   metric: rec[f"recommended_{metric}"]})
@@ -84,8 +86,7 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s"):
 
 
 def _label(row) -> str:
-    pin = " pinned" if row.get("pin_memory_applied") in (True, 1) else ""
-    return f"{row['series']} w{int(row['num_workers'])}{pin}"
+    return f"{row['series']} w{int(row['num_workers'])}"
 
 
 def step_breakdown(df: pd.DataFrame):
@@ -141,10 +142,11 @@ def stall_bars(df: pd.DataFrame):
         xlabel="configuration", ylabel="time per step (ms)")
 
 
-def recommendation_table(df: pd.DataFrame):
-    """The recommendation of every group of rows (:func:`perfkit.analyse.dataloading.recommend`)."""
+def recommendation_table(df: pd.DataFrame, *, rec: pd.DataFrame | None = None):
+    """The recommendation of every group of rows (:func:`perfkit.analyse.dataloading.recommend`,
+    computed if ``rec`` is None)."""
     hv = hv_bokeh()
-    rec = analysis.recommend(_rows(df))
+    rec = analysis.recommend(_rows(df)) if rec is None else rec
     if rec.empty:
         return _empty("a step throughput")
     shown = {"format": "format", "decode_cost_s": "decode s", "batch_size": "batch",
@@ -164,7 +166,8 @@ def dataloading_summary(df: pd.DataFrame):
     """Recommendation, throughput vs workers, step breakdown and (when measured) the stall split."""
     hv = hv_bokeh()
     rows = _rows(df)
-    panels = [recommendation_table(rows), throughput_vs_workers(rows), step_breakdown(rows)]
+    rec = analysis.recommend(rows)  # once, for the table and the stars
+    panels = [recommendation_table(rows, rec=rec), throughput_vs_workers(rows, rec=rec), step_breakdown(rows)]
     if "ceiling_step_time_s" in rows and rows["ceiling_step_time_s"].notna().any():
         panels.append(stall_bars(rows))
     return hv.Layout(panels).cols(1)
