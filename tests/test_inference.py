@@ -283,3 +283,13 @@ def test_acceptance_ratios_on_this_machine():
     # e2e ≈ TTFT + (N − 1)·TPOT within 5 % compares medians of different generations: a timing
     # figure of a quiet machine (6.6 % seen at load 3.9), printed by benchmarks/inference_latency.py,
     # not asserted in a suite that runs three workers on two cores.
+
+
+def test_latency_axes_are_scaled_to_milli_or_micro_seconds():
+    # Seconds under 1 were drawn unscaled: a 50 µs TPOT read "0.000 s" in the hover.
+    from perfkit.view.plots._common import display_scale
+
+    assert display_scale([5e-5, 2e-5], below_one=True) == (1e-6, "µ")
+    assert display_scale([0.25], below_one=True) == (1e-3, "m")
+    assert display_scale([3.0], below_one=True) == (1.0, "")
+    assert display_scale([0.25]) == (1.0, "") and display_scale([2e9]) == (1e9, "G")

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 __all__ = ["INPUT_BOUND_SHARE", "RECOMMEND_FRACTION", "INPUT_BOUND", "COMPUTE_BOUND", "GROUP_KEYS",
-           "WORKER_KEYS", "bound", "classify", "wait_shares", "stall_attribution", "stalls",
+           "WORKER_KEYS", "bound", "classify", "wait_shares", "stall_attribution",
            "recommend", "breakdown"]
 
 #: Median data-wait share above which a step is input-bound (TensorBoard profiler plugin's 5 %).
@@ -92,15 +92,6 @@ def stall_attribution(ceiling_s: float, cached_s: float, cold_s: float) -> dict:
     return {"prep_stall_s": prep, "fetch_stall_s": fetch, "prep_stall_share": share(prep),
             "fetch_stall_share": share(fetch), "compute_share": share(ceiling_s)}
 
-
-def stalls(df: pd.DataFrame) -> pd.DataFrame:
-    """:func:`stall_attribution` of every row with the three step times (``ceiling_step_time_s``,
-    ``cached_step_time_s``, ``step_time_s`` as the cold one); NaN where a row lacks them."""
-    cols = ("ceiling_step_time_s", "cached_step_time_s", "step_time_s")
-    out = []
-    for values in zip(*(df[c] if c in df else pd.Series(math.nan, index=df.index) for c in cols)):
-        out.append(stall_attribution(*(math.nan if _nan(v) else float(v) for v in values)))
-    return pd.DataFrame(out, index=df.index)
 
 
 def _key(value):

@@ -40,14 +40,12 @@ import numpy as np
 from perfkit.core.errors import BadInputError
 from perfkit.core.timing import Measurement
 
-__all__ = ["PERCENTILES", "METRICS", "request_metrics", "itl_samples", "metric_columns",
+__all__ = ["PERCENTILES", "request_metrics", "itl_samples", "metric_columns",
            "latency_metrics", "e2e_consistency"]
 
 #: Percentiles reported for every metric (vLLM's ``--metric-percentiles`` default is 99; p50
 #: and p90 are the usual service-level objectives beside it).
 PERCENTILES = (50, 90, 99)
-#: The latency metrics of a row, each with the columns of :func:`metric_columns`.
-METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 
 
 def _timestamps(timestamps_s) -> np.ndarray:

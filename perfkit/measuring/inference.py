@@ -243,20 +243,20 @@ def _working_set_bytes(cfg: InferenceConfig) -> int:
 
 def _kv_cache_bytes(cfg: InferenceConfig) -> int:
     """Bytes of the KV cache, allocated whole up front: keys and values of every layer for
-    ``batch_size`` sequences of P + N positions (what :attr:`kv_cache.KVCache.nbytes` holds)."""
+    ``batch_size`` sequences of P + N positions."""
     spec = cfg.spec
     return (2 * spec.n_layers * cfg.batch_size * (cfg.prompt_len + cfg.new_tokens) * spec.d_model
             * PRECISIONS[cfg.precision].itemsize)
 
 
-def measure_roofs(cfg: InferenceConfig, working_set_bytes: int | None = None) -> pd.DataFrame:
+def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
     """The ceilings table for ``cfg``'s points, as ``cfg.ceilings`` says (:data:`CEILINGS`).
 
     Always the reference rows (spec sheet on a GPU, theoretical peak on a CPU); ``fast`` and
     ``quick`` add the measured compute roof of ``cfg.precision`` and the measured memory roofs.
     ``fast`` measures one matmul (1024³ on a CPU, 8192³ on a GPU) and, on a CPU, the STREAM
-    triad from 1/16 to 4 × ``working_set_bytes`` (default: every parameter and the whole KV
-    cache; at least 4 MiB): the memory levels the decode step's data can live in, whose slowest
+    triad from 1/16 to 4 × the working set (every parameter and the whole KV cache; at least
+    4 MiB): the memory levels the decode step's data can live in, whose slowest
     is the roof the points are read against (~4 s on 2 CPU cores, ~30 s for ``quick``). On a GPU
     the triad's default sweep (HBM: torch ops are launch-bound at cache sizes).
     A precision without a measured roof here (fp16 on a CPU) keeps the reference rows only.
@@ -272,7 +272,7 @@ def measure_roofs(cfg: InferenceConfig, working_set_bytes: int | None = None) ->
     if cfg.ceilings == "quick":
         measured = measure_ceilings(device, quick=True, dtypes=[cfg.precision])
     elif device == "cpu":
-        size = max(4 << 20, working_set_bytes or _working_set_bytes(cfg))
+        size = max(4 << 20, _working_set_bytes(cfg))
         curve = measure_bandwidth_curve(device, quick=True, kernels=["triad"],
                                         min_working_set_bytes=size // 16, max_working_set_bytes=4 * size)
         measured = measure_ceilings(device, quick=True, dtypes=[cfg.precision],

@@ -83,15 +83,6 @@ class KVCache:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
 
-    @property
-    def max_len(self) -> int:
-        return self.keys[0].shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the cache holds (allocated whole, up front)."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
     @classmethod
     def allocate(cls, model: nn.Module, batch_size: int, max_len: int) -> KVCache:
         """A zeroed cache for ``model`` (a GPT) on its parameters' device and dtype."""
@@ -188,7 +179,7 @@ def synchronizer(device: torch.device | str) -> Callable[[], None]:
 
 
 def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cache: bool = True,
-             step: Callable | None = None, clock: Callable[[], float] = time.perf_counter,
+             step: Callable | None = None,
              synchronize: Callable[[], None] | None = None, margins: bool = False,
              max_len: int | None = None) -> Generation:
     """Greedily generate exactly ``new_tokens`` tokens after ``prompt`` (``[batch, P]``).
@@ -211,7 +202,7 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cach
     seq[:, :prompt_len] = prompt
     gaps = [] if margins else None
     sync()
-    stamps = [clock()]
+    stamps = [time.perf_counter()]
     for i in range(new_tokens):
         pos = prompt_len + i  # where the token generated now goes
         if kv_cache:
@@ -224,7 +215,7 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cach
             top = logits.float().topk(2, dim=-1).values
             gaps.append(top[:, 0] - top[:, 1])
         sync()
-        stamps.append(clock())
+        stamps.append(time.perf_counter())
     return Generation(tokens=seq[:, prompt_len:].clone(), timestamps_s=tuple(stamps),
                       margins=torch.stack(gaps, dim=1) if gaps is not None else None)
 

@@ -28,13 +28,16 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df else df
 
 
-def display_scale(values) -> tuple[float, str]:
-    """Factor and prefix for an axis whose largest value is max(values) (display only)."""
-    top = max((v for v in values if v == v), default=1.0)
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+def display_scale(values, *, below_one: bool = False) -> tuple[float, str]:
+    """Factor and SI prefix for an axis whose largest value is max(values) (display only);
+    ``below_one`` (times in seconds) also scales values under 1 to milli or micro."""
+    top = max((abs(v) for v in values if v == v), default=1.0)
+    scales = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
+    scales += [(1e-3, "m"), (1e-6, "µ")] if below_one else []
+    for factor, prefix in scales:
         if top >= factor:
             return factor, prefix
-    return 1.0, ""
+    return scales[-1]
 
 
 def ceiling_lines(ceilings: pd.DataFrame, dtypes, *, scale: float = 1.0, x_text: float = 1.0) -> list:

@@ -71,7 +71,7 @@ def latency_plot(df: pd.DataFrame, metric: str = "ttft", x: str = "prompt_len"):
     if rows.empty or y not in rows or x not in rows:
         return _empty(f"{y} against {x}")
     rows = rows[rows[y].notna()].sort_values(x)
-    scale, prefix = display_scale(rows[y].tolist())
+    scale, prefix = display_scale(rows[y].tolist(), below_one=True)
     upper = (rows[p90] - rows[y]).clip(lower=0) if p90 in rows else 0.0
     noisy = rows["noisy"].fillna(False).astype(bool) if "noisy" in rows else False
     # The y dimension is named after the metric: panels of one layout share an axis only when
@@ -115,7 +115,7 @@ def throughput_vs_latency(df: pd.DataFrame):
     if rows.empty or not need <= set(rows.columns):
         return _empty("TPOT and output throughput")
     rows = rows[rows["tpot_s"].notna()].sort_values("batch_size")
-    scale, prefix = display_scale(rows["tpot_s"].tolist())
+    scale, prefix = display_scale(rows["tpot_s"].tolist(), below_one=True)
     # Its own x name: an x axis named like the TPOT plot's y axis would share its range.
     rows = rows.assign(series=_labels(rows, ("batch_size",)), latency=rows["tpot_s"] / scale)
     hover = [("series", "@series"), ("batch", "@batch_size"), ("TPOT", f"@latency{{0.000}} {prefix}s"),

@@ -39,14 +39,6 @@ def _noisy(df: pd.DataFrame) -> pd.Series:
     return df["noisy"].fillna(False).astype(bool) if "noisy" in df else pd.Series(False, df.index)
 
 
-def _time_scale(values) -> tuple[float, str]:
-    """Seconds → (factor, unit) for display: µs, ms or s by the largest value."""
-    top = max((abs(v) for v in values if v == v), default=1.0)
-    if top < 1e-3:
-        return 1e-6, "µs"
-    return (1e-3, "ms") if top < 1.0 else (1.0, "s")
-
-
 def _points(hv, data: pd.DataFrame, x: str, y: str, vdims: list[str], label: str, hover):
     data = data.sort_values(x)
     curve = hv.Curve(data, x, [y] + vdims, label=label)
@@ -153,7 +145,8 @@ def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)
     parts = {"compute": rows["compute_time_s"] - straggler,
              "exposed communication": rows["exposed_comm_time_s"],
              "straggler idle": straggler}
-    factor, unit = _time_scale(rows["step_time_s"].tolist())
+    factor, prefix = display_scale(rows["step_time_s"].tolist(), below_one=True)
+    unit = f"{prefix}s"
     records = []
     for i, (_, row) in enumerate(rows.iterrows()):
         point = f"N={int(row['world_size'])} {_label(row, series)}"
