@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -190,14 +191,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _temp_name(spec: DatasetSpec) -> str:
+    # The generating host and pid after the last "@": a cache in a home folder shared by the
+    # nodes of a cluster must not take another host's live generation for a dead one.
+    return f"{_TMP_PREFIX}{spec.name}-{uuid.uuid4().hex[:8]}-{os.getpid()}@{socket.gethostname()}"
+
+
 def _remove_stale_temps(cache: Path) -> None:
-    """Remove the temp folders of generations whose process is gone (killed midway)."""
+    """Remove this host's temp folders of generations whose process is gone (killed midway)."""
     for entry in cache.glob(f"{_TMP_PREFIX}*"):
+        rest, _, host = entry.name.rpartition("@")
         try:
-            pid = int(entry.name.rsplit("-", 2)[-2])
-        except (ValueError, IndexError):
+            pid = int(rest.rsplit("-", 1)[-1])
+        except ValueError:
             continue
-        if not _pid_alive(pid):
+        if host == socket.gethostname() and not _pid_alive(pid):
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -221,7 +229,7 @@ def ensure(spec: DatasetSpec, cache_dir: str | Path | None = None) -> tuple[Path
     if final.exists():  # not made by ensure (only complete folders are renamed into place)
         raise BadInputError(f"{final} exists but is not a complete dataset of these parameters; "
                             "remove it and run again")
-    tmp = cache / f"{_TMP_PREFIX}{spec.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = cache / _temp_name(spec)
     tmp.mkdir()
     try:
         t0 = time.perf_counter()

@@ -192,7 +192,7 @@ def _export(client, uri: str, directory: Path, configs: list[Configuration], exp
         run_id = client.create_run(experiment_id, start_time=c.start_ms, run_name=c.name,
                                    tags={k: _cut(v, _MAX_TAG) for k, v in tags.items()}).info.run_id
         created, updated = created + (old is None), updated + (old is not None)
-        _log(client, run_id, params=c.params, tags=tags, metrics=c.metrics, timestamp=c.end_ms)
+        _log(client, run_id, params=c.params, metrics=c.metrics, timestamp=c.end_ms)  # tags: set at creation
         _artifacts(client, run_id, c, directory)
         client.set_terminated(run_id, status=_RUN_STATUS.get(c.status, "FAILED"), end_time=c.end_ms)
         runs[c.config_id] = run_id

@@ -179,7 +179,7 @@ def configurations(directory: str | Path) -> list[Configuration]:
     for path in files:
         by_stem.setdefault(path.stem, []).append(path)
     groups = [(cid, rows.reset_index(drop=True)) for cid, rows in frame.groupby("config_id", sort=False)]
-    params = {cid: {n: param_text(_first(rows[n])) for n in _param_names(rows) if _first(rows[n]) is not None}
+    params = {cid: {n: param_text(v) for n in _param_names(rows) if (v := _first(rows[n])) is not None}
               for cid, rows in groups}
     values: dict[str, set] = {}
     for p in params.values():
