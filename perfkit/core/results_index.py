@@ -197,8 +197,9 @@ def _plan(directory: Path, index: Path, m: dict, files: list[Path], stats: dict)
     names = sorted(by_part, key=lambda n: by_part[n][0][1])
     parts = []
     if names:
-        fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
-        dataset = ds.dataset([str(index / n) for n in names], format=fmt)
+        from .results_scan import parquet_format
+
+        dataset = ds.dataset([str(index / n) for n in names], format=parquet_format())
         for name, fragment in zip(names, dataset.get_fragments()):
             info, live = m["parts"][name], by_part[name]
             schema = fragment.physical_schema  # reads the footer: a missing or truncated part raises here

@@ -95,7 +95,7 @@ def scan(files: list[Path], columns, filters, statuses, directory: Path) -> tupl
 
         if (how := plan(directory, files)) is not None:
             try:
-                return q.answer(_indexed_sources(how, q), how)
+                return q.answer(_indexed_sources(how), how)
             except _NoSuchColumn:
                 raise  # the index holds every current file's schema: the plain scan would say the same
             except (BadInputError, OSError, pa.lib.ArrowException):
@@ -103,7 +103,8 @@ def scan(files: list[Path], columns, filters, statuses, directory: Path) -> tupl
     return q.answer(_file_sources(files, q), None)
 
 
-def _fmt():
+def parquet_format():
+    """The Parquet format every scan here uses (no pre-buffering: small files, read once)."""
     import pyarrow.dataset as ds
 
     return ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
@@ -116,7 +117,7 @@ def _chunks(files: list[Path], extra: str | None) -> list:
     import pyarrow.dataset as ds
 
     def chunk(paths):
-        source = ds.dataset([str(p) for p in paths], format=_fmt())
+        source = ds.dataset([str(p) for p in paths], format=parquet_format())
         fragments = list(source.get_fragments())
         schemas = [f.physical_schema for f in fragments]  # read once, kept for the scan
         return _Source(fragments, schemas, {raw for s in schemas if (raw := (s.metadata or {}).get(b"perfkit.units"))},
@@ -136,7 +137,7 @@ def _file_sources(files, q) -> list:
         raise q.unreadable(exc) from None
 
 
-def _indexed_sources(how, q) -> list:
+def _indexed_sources(how) -> list:
     import pyarrow.dataset as ds
 
     from .results_index import ID
@@ -179,7 +180,7 @@ class _Question:
         from .results_index import ID
 
         full = schema.append(pa.field(ID, pa.int64())) if src.extra == ID else schema
-        dataset = ds.FileSystemDataset(src.fragments, full, _fmt(), src.fragments[0].filesystem)
+        dataset = ds.FileSystemDataset(src.fragments, full, parquet_format(), src.fragments[0].filesystem)
         wanted = None if self.columns is None else [c for c in self.columns if c in schema.names]
         if src.extra is not None:
             wanted = (schema.names if wanted is None else wanted) + [src.extra]
