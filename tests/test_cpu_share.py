@@ -129,3 +129,16 @@ def test_training_row_states_threads_and_divides_by_their_cores(this_process_on_
     assert row["cpu_threads"] == 2 and row["cpu_cores_counted"] == 1
     assert row["peak_flop_per_s"] == pytest.approx(devices.cpu_theoretical_peak(cores=1).flop_per_s["fp32"])
     assert "1 physical cores" in row["mfu_convention"] and "2 threads" in row["mfu_convention"]
+
+
+def test_a_thread_count_sets_every_thread_variable_and_an_omp_override_carries_mkl():
+    from perfkit.core.cpu_share import thread_env, with_threads
+
+    assert thread_env(3) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+    slot = {**thread_env(2), "PERFKIT_SLOT": "cpu:0/1x2"}
+    # OMP alone means the count: an inherited MKL_NUM_THREADS would win in torch.
+    assert with_threads(slot, {"OMP_NUM_THREADS": "1"}) == {**thread_env(1), "PERFKIT_SLOT": "cpu:0/1x2"}
+    # Both named: both kept as given; neither named: the base unchanged.
+    assert with_threads(slot, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2"})["MKL_NUM_THREADS"] == "2"
+    assert with_threads(slot, {"OTHER": "x"}) == {**slot, "OTHER": "x"}
+    assert slot["MKL_NUM_THREADS"] == "2"  # the base is not modified

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from perfkit.core.cpu_share import thread_env
 from perfkit.core.errors import BadInputError
 from perfkit.run.launch import LaunchResult, launch
 
@@ -177,16 +178,20 @@ def test_env_reaches_ranks_but_not_the_caller():
 
 
 def test_a_thread_share_is_split_over_the_ranks_and_an_explicit_one_kept(monkeypatch):
-    # A sweep slot of 4 threads running 2 ranks: 2 each, not 4 each (torchrun keeps an inherited
+    # A sweep slot of 4 threads running 2 ranks (the slot sets both thread variables, as
+    # engine.device_slots does): 2 each, not 4 each (torchrun keeps an inherited
     # OMP_NUM_THREADS as it is for every rank).
-    monkeypatch.setenv("OMP_NUM_THREADS", "4")
-    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    for name, value in thread_env(4).items():
+        monkeypatch.setenv(name, value)
     split = launch(_target("threads_target"), {}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
     assert split.status == "ok", split.error
-    assert [(r["omp"], r["torch_threads"]) for r in split.rank_results] == [("2", 2), ("2", 2)]
+    assert [(r["omp"], r["mkl"], r["torch_threads"]) for r in split.rank_results] == [("2", "2", 2)] * 2
+    # The caller's per-rank choice (scaling_run's threads_per_rank) is what the ranks compute
+    # with: the slot's inherited MKL_NUM_THREADS=4 must not override it (torch lets MKL win).
     kept = launch(_target("threads_target"), {}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S,
-                  env={"OMP_NUM_THREADS": "3"})  # the caller's per-rank choice (scaling_run's)
-    assert [(r["omp"], r["mkl"]) for r in kept.rank_results] == [("3", None), ("3", None)]
+                  env={"OMP_NUM_THREADS": "1"})
+    assert kept.status == "ok", kept.error
+    assert [(r["omp"], r["mkl"], r["torch_threads"]) for r in kept.rank_results] == [("1", "1", 1)] * 2
 
 
 def test_memory_error_in_a_rank_is_oom():

@@ -22,15 +22,45 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["SYS_CPU", "CpuShare", "affinity_cpus", "cpu_share", "parse_cpu_list", "physical_core_ids", "run_cores"]
+__all__ = ["SYS_CPU", "THREAD_VARIABLES", "CpuShare", "affinity_cpus", "cpu_share", "parse_cpu_list",
+           "physical_core_ids", "run_cores", "thread_env", "with_threads"]
 
 #: Where Linux describes its CPUs (sysfs).
 SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+#: The variables that set a process's compute threads, the one that leads first. torch reads
+#: ``MKL_NUM_THREADS`` after ``OMP_NUM_THREADS`` and lets it win ("MKL_NUM_THREADS takes precedence
+#: over OMP_NUM_THREADS": PyTorch docs, Threading Environment Variables,
+#: https://docs.pytorch.org/docs/stable/threading_environment_variables.html): a rank given
+#: ``OMP_NUM_THREADS=1`` beside an inherited ``MKL_NUM_THREADS=2`` computes with 2 threads.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment giving a process ``threads`` compute threads: every variable of
+    :data:`THREAD_VARIABLES`, so none inherited from a parent can override the count."""
+    return {name: str(int(threads)) for name in THREAD_VARIABLES}
+
+
+def with_threads(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    """``overrides`` over ``base``, where an override of ``OMP_NUM_THREADS`` alone (a variant's
+    env, a caller's per-rank count) also sets the followers it does not name: it means the
+    thread count, and an inherited ``MKL_NUM_THREADS`` would otherwise change it. This is the one
+    rule for every environment perfkit gives a child (kernel, torchrun, ranks)."""
+    env = dict(base)
+    leader, *followers = THREAD_VARIABLES
+    if leader in overrides:
+        for name in followers:
+            if name not in overrides:
+                env[name] = overrides[leader]
+    env.update(overrides)
+    return env
 
 
 def affinity_cpus() -> tuple[int, ...]:

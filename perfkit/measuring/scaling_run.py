@@ -51,6 +51,7 @@ import pandas as pd
 
 from perfkit.measuring import parallel
 from perfkit.core import checks
+from perfkit.core.cpu_share import thread_env
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
@@ -214,7 +215,7 @@ def _is_straggler(config: dict, point: dict) -> bool:
 
 def _rank_summary(result: dict) -> dict:
     keep = ("step_time_samples_s", "losses", "peak_mem_bytes", "peak_mem_kind", "n_params",
-            "device", "trace_path", "trace_reason")
+            "device", "trace_path", "trace_reason", "cpu_share")
     return {k: result[k] for k in keep if k in result}
 
 
@@ -279,6 +280,9 @@ def _ok_row(cfg: ScalingConfig, point: TrainConfig, ranks: list[dict], wall_s: f
         "samples_per_s": point.batch_size / step.median_s,
         "tokens_per_s": tokens / step.median_s,
         "rank_step_time_s": [statistics.median(r["step_time_samples_s"]) for r in synced],
+        # The threads each rank computed with (torch.get_num_threads), what threads_per_rank asked.
+        "rank_cpu_threads": ([r["cpu_share"]["threads"] for r in synced]
+                             if all(r.get("cpu_share") for r in synced) else None),
         "compute_time_s": comp.median_s, "compute_time_iqr_s": comp.iqr_s,
         "compute_time_samples_s": list(comp.samples_s), "compute_time_noisy": comp.noisy,
         "compute_time_method": _COMPUTE_METHOD[point.parallelism],
@@ -297,7 +301,7 @@ def _empty_row(cfg: ScalingConfig, point: TrainConfig, status: str, reason: str)
     nan = math.nan
     return {**_base_row(cfg, point), "status": status, "reason": reason, "step_time_s": nan,
             "samples_per_s": nan, "compute_time_s": nan, "rank_step_time_s": None,
-            "rank_compute_time_s": None}
+            "rank_compute_time_s": None, "rank_cpu_threads": None}
 
 
 def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
@@ -310,7 +314,7 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
     from perfkit.run.launch import launch
 
     device = config_device(cfg.train)
-    env = {"OMP_NUM_THREADS": str(cfg.threads_per_rank)} if cfg.threads_per_rank else None
+    env = thread_env(cfg.threads_per_rank) if cfg.threads_per_rank else None
     rows = []
     for n in cfg.world_sizes:
         points = [with_trace_dir(p) for p in cfg.points(n)]

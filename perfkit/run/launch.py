@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from perfkit.run import _teardown
 from perfkit.core import checks
+from perfkit.core.cpu_share import thread_env, with_threads
 from perfkit.core.errors import BadInputError
 from perfkit.core.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
@@ -208,8 +209,16 @@ def _rank_threads(inherited: Mapping[str, str], env: Mapping[str, str], nproc: i
     share = inherited.get("OMP_NUM_THREADS", "")
     if nproc < 2 or "OMP_NUM_THREADS" in env or not share.isdigit():
         return {}
-    per_rank = str(max(1, int(share) // nproc))
-    return {"OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank}
+    return thread_env(max(1, int(share) // nproc))
+
+
+def _child_env(inherited: Mapping[str, str], env: Mapping[str, str], nproc: int) -> dict:
+    """The ranks' environment: this process's, the thread split, then the caller's ``env`` — a
+    caller's ``OMP_NUM_THREADS`` sets every thread variable (:func:`with_threads`), so a slot's
+    inherited ``MKL_NUM_THREADS`` cannot give a rank more threads than it was told (it gave each
+    of the scaling notebook's 1-thread ranks 2 under ``perfkit sweep``: the 2-rank DDP step 3-12x
+    slower than under ``perfkit run``)."""
+    return with_threads(with_threads(inherited, _rank_threads(inherited, env, nproc)), env)
 
 
 def launch(
@@ -232,7 +241,7 @@ def launch(
     (``gloo`` on CPU, ``nccl`` on CUDA and ROCm) with the rank's device set (``cuda``:
     ``LOCAL_RANK``). ``env`` is added to the launched processes' environment only; without an
     ``OMP_NUM_THREADS`` in it, this process's thread share is split over the local ranks
-    (:func:`_rank_threads`). One node uses
+    (:func:`_rank_threads`); with one, it sets every thread variable (:func:`_child_env`). One node uses
     torchrun's ``--standalone`` rendezvous unless ``rdzv_endpoint`` is given (required with
     several nodes; every node calls ``launch`` with its ``node_rank``). The launch ends within
     ``timeout_s`` plus a few seconds of teardown whatever the ranks do.
@@ -243,7 +252,7 @@ def launch(
     work_dir = tempfile.mkdtemp(prefix="perfkit-launch-")
     try:
         token = _teardown.new_token()
-        child_env = {**os.environ, **_rank_threads(os.environ, env or {}, nproc), **(env or {}), token: "1"}
+        child_env = {**_child_env(os.environ, env or {}, nproc), token: "1"}
         job_path = os.path.join(work_dir, "job.json")
         with open(job_path, "w") as f:
             f.write(json.dumps({

@@ -7,7 +7,9 @@
   attempt.
 - **Slots.** ``workers`` slots run at once. On GPUs each slot owns ``devices_per_config``
   devices (``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, disjoint); on CPU the slots split
-  the cores (``OMP_NUM_THREADS``).
+  the cores (every thread variable: ``core.cpu_share.thread_env``), and whatever a configuration
+  starts computes with the threads it would have had alone (``with_threads``: the launcher's
+  split, a caller's per-rank count, a variant's ``OMP_NUM_THREADS``).
 - **Kernel start-up off the critical path.** While a slot runs one configuration, its next
   kernel starts (and imports the notebook's modules) in the background. A kernel never serves
   two configurations.
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core import status as st
-from ...core.cpu_share import affinity_cpus
+from ...core.cpu_share import affinity_cpus, thread_env
 from ..execute import Outcome, WarmKernel, execute_config, has_status_row
 from ..notebooks import read_notebook
 from ...core.results import record
@@ -123,8 +125,7 @@ def device_slots(workers: int, devices_per_config: int, gpu_ids: Sequence[str] |
         return slots
     cores = cores or len(affinity_cpus())
     threads = max(1, cores // workers)
-    return [{"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-             "PERFKIT_SLOT": f"cpu:{i}/{workers}x{threads}"} for i in range(workers)]
+    return [{**thread_env(threads), "PERFKIT_SLOT": f"cpu:{i}/{workers}x{threads}"} for i in range(workers)]
 
 
 class OomEdges:

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...core import status as st
+from ...core.cpu_share import thread_env
 from ...core.durable import write_text_atomic
 from ...core.errors import BadInputError
 from ..execute import Outcome, banner, has_status_row
@@ -100,7 +101,7 @@ def _run_task(c: Config, out_dir: str, attempt: int) -> str:
     env = {"PERFKIT_SLOT": slot}
     cpus = os.environ.get("SLURM_CPUS_PER_TASK")
     if cpus:
-        env.update(OMP_NUM_THREADS=cpus, MKL_NUM_THREADS=cpus)
+        env.update(thread_env(int(cpus)))
     return run_one(c, out, attempt=attempt, slot=slot, env=env, edges=OomEdges.from_ledger(state, like=c)).status
 
 

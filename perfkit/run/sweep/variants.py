@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...core.cpu_share import with_threads
 from ...core.errors import BadInputError
 
 __all__ = ["Variant", "parse_variants", "parse_rounds", "check_interpreter", "interleaved", "kernel_env"]
@@ -59,23 +60,10 @@ class Variant:
         return (self.python, tuple(sorted(self.env.items())))
 
 
-# torch reads MKL_NUM_THREADS after OMP_NUM_THREADS and lets it win ("MKL_NUM_THREADS takes
-# precedence over OMP_NUM_THREADS": PyTorch docs, Threading Environment Variables,
-# https://docs.pytorch.org/docs/stable/threading_environment_variables.html). A CPU slot sets both;
-# a variant that sets only OMP_NUM_THREADS means the thread count, so MKL follows it.
-_FOLLOWS = {"OMP_NUM_THREADS": "MKL_NUM_THREADS"}
-
-
 def kernel_env(slot_env: Mapping[str, str] | None, variant: Variant | None) -> dict[str, str]:
-    """The environment of a kernel of ``variant`` on a slot: the variant's variables over the slot's."""
-    env = dict(slot_env or {})
-    if variant is None:
-        return env
-    for leader, follower in _FOLLOWS.items():
-        if leader in variant.env and follower not in variant.env and follower in env:
-            env[follower] = variant.env[leader]
-    env.update(variant.env)
-    return env
+    """The environment of a kernel of ``variant`` on a slot: the variant's variables over the
+    slot's; a variant's ``OMP_NUM_THREADS`` alone sets the thread count (:func:`with_threads`)."""
+    return with_threads(slot_env or {}, variant.env if variant is not None else {})
 
 
 def parse_variants(raw: object, base: Path) -> tuple[Variant, ...]:
