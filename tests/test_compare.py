@@ -22,7 +22,7 @@ def _gemm_row(rng, size, time_s, *, n=20, sigma=0.01, dtype="fp32"):
     samples = time_s * rng.lognormal(0.0, sigma, n)
     median = float(np.median(samples))
     flop = 2 * size ** 3
-    return {"size": size, "m": size, "n": size, "k": size, "dtype": dtype, "flop": flop,
+    return {"workload": "gemm", "size": size, "m": size, "n": size, "k": size, "dtype": dtype, "flop": flop,
             "time_s": median, "time_samples_s": samples.tolist(), "flop_per_s": flop / median}
 
 
@@ -271,3 +271,166 @@ def test_help_explains_the_verdict_and_exit_codes(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "Holm" in text and "inconclusive" in text
     assert "1 at least one point slower" in text and "3 no regression shown" in text
+
+
+# ---- Which metric a point is judged on, and where a rate's samples come from (issue 25) ---------
+
+
+def _inference_rows(rng, *, ttft_s, tpot_s, ttft_sigma=0.01, tpot_sigma=0.01, runs=20, new_tokens=16):
+    """An inference row as ``measuring.inference`` writes it: the config's columns and
+    ``latency_metrics`` of ``runs`` synthetic generations (per-token timestamps)."""
+    from perfkit.analyse.inference import latency_metrics
+    from perfkit.measuring.inference import WORKLOAD, InferenceConfig
+
+    cfg = InferenceConfig(batch_size=1, prompt_len=32, new_tokens=new_tokens, timed_runs=runs, device="cpu")
+    ttft = ttft_s * rng.lognormal(0.0, ttft_sigma, runs)
+    gaps = tpot_s * rng.lognormal(0.0, tpot_sigma, (runs, new_tokens - 1))
+    stamps = np.column_stack([np.zeros(runs), ttft, ttft[:, None] + np.cumsum(gaps, axis=1)])
+    prefill = ttft_s * rng.lognormal(0.0, ttft_sigma, runs)
+    metrics = latency_metrics(stamps, batch_size=1, prompt_len=32, prefill_samples_s=prefill)
+    return [{**cfg.as_row(), "workload": WORKLOAD, **metrics}]
+
+
+def _inference_side(root: Path, seed: int, **times) -> Path:
+    _config(root, "inf-1", _inference_rows(np.random.default_rng(seed), **times),
+            params={"batch_size": 1, "prompt_len": 32, "new_tokens": 16}, notebook="inference.ipynb")
+    return root
+
+
+def _loader_rows(rng, *, step_s, batch_s, step_sigma=0.01, batch_sigma=0.01):
+    """A data-loading row as ``measuring.dataloading`` writes it (its own column builders), from
+    synthetic loader-only batch times and step times."""
+    from perfkit.measuring import dataloading as dl
+
+    cfg = dl.LoaderConfig(steps=22, warmup_steps=2, loader_batches=21, device="cpu")
+    batches = (batch_s * rng.lognormal(0.0, batch_sigma, 21)).tolist()
+    totals = (step_s * rng.lognormal(0.0, step_sigma, 22)).tolist()
+    return [{**cfg.as_row(), "workload": dl.WORKLOAD, **dl._loader_columns(cfg, batches),
+             **dl._step_columns(cfg, [0.1 * t for t in totals], totals)}]
+
+
+def _loader_side(root: Path, seed: int, **times) -> Path:
+    _config(root, "dl-1", _loader_rows(np.random.default_rng(seed), **times),
+            params={"num_workers": 0, "batch_size": 8}, notebook="dataloader.ipynb")
+    return root
+
+
+def test_inference_rows_are_judged_on_ttft_tpot_and_e2e_each_a_point(tmp_path, capsys):
+    base = _inference_side(tmp_path / "a", 1, ttft_s=1e-2, tpot_s=2e-3)
+    new = _inference_side(tmp_path / "b", 2, ttft_s=1e-2, tpot_s=2.4e-3)  # decode 20 % slower
+    c = compare_frames(load(base), load(new))
+    assert set(c.points["metric"]) == {"ttft_s", "tpot_s", "e2e_latency_s"}
+    verdicts = dict(zip(c.points["metric"], c.points["verdict"]))
+    assert verdicts["tpot_s"] == "slower" and verdicts["ttft_s"] == "same"
+    assert c.points.set_index("metric").loc["tpot_s", "ratio"] == pytest.approx(1.2, rel=0.02)
+    assert c.exit_code == 1
+    md, js = tmp_path / "c.md", tmp_path / "c.json"
+    code, out, _ = _cli(capsys, base, new, "--markdown", md, "--json", js)
+    assert code == 1
+    table = [line for line in out.splitlines() if line.startswith(("slower", "same"))]
+    assert {m for line in table for m in ("ttft_s", "tpot_s", "e2e_latency_s") if f" {m} " in line} == {
+        "ttft_s", "tpot_s", "e2e_latency_s"}
+    assert "| 🔴 slower | `inference.ipynb precision=fp32` | tpot_s |" in md.read_text()
+    assert {p["metric"] for p in json.loads(js.read_text())["points"]} == {"ttft_s", "tpot_s", "e2e_latency_s"}
+    only = compare_frames(load(base), load(new), metric="ttft_s")  # the one named, alone
+    assert list(only.points["metric"]) == ["ttft_s"] and only.exit_code == 0
+
+
+def test_dataloader_rows_are_judged_on_the_step_time_not_the_loader_batch_time(tmp_path):
+    base = _loader_side(tmp_path / "a", 1, step_s=1e-2, batch_s=5e-3)
+    new = _loader_side(tmp_path / "b", 2, step_s=1.1e-2, batch_s=5e-3)  # the step 10 % slower
+    c = compare_frames(load(base), load(new))
+    assert list(c.points["metric"]) == ["step_time_s"]
+    assert c.points.iloc[0]["verdict"] == "slower" and c.exit_code == 1
+
+
+def test_training_rows_are_judged_on_the_step_time(tmp_path):
+    from perfkit.core.timing import Measurement
+
+    rng = np.random.default_rng(4)
+    for side, step_s in (("a", 0.1), ("b", 0.11)):
+        samples = tuple(step_s * rng.lognormal(0, 0.01, 12))
+        data = (1e-3 * rng.lognormal(0, 0.01, 12)).tolist()
+        # A column with samples before the step time: column order must not decide.
+        row = {"workload": "train_step", "batch_size": 8, "data_time_s": float(np.median(data)),
+               "data_time_samples_s": data, **Measurement(samples_s=samples).as_row("step_time")}
+        _config(tmp_path / side, "ts-1", [row], params={"batch_size": 8}, notebook="train_step.ipynb")
+    c = compare_frames(load(tmp_path / "a"), load(tmp_path / "b"))
+    assert list(c.points["metric"]) == ["step_time_s"] and c.points.iloc[0]["verdict"] == "slower"
+
+
+def test_a_decode_rate_takes_its_samples_from_tpot_not_ttft(tmp_path):
+    # TTFT very noisy, TPOT tight: the decode rate's interval is TPOT's, so a 10 % slower decode shows.
+    base = _inference_side(tmp_path / "a", 1, ttft_s=1e-3, tpot_s=2e-3, ttft_sigma=0.5)
+    new = _inference_side(tmp_path / "b", 2, ttft_s=1e-3, tpot_s=2.2e-3, ttft_sigma=0.5)
+    c = compare_frames(load(base), load(new), metric="decode_tokens_per_s")
+    p = c.points.iloc[0]
+    assert p["verdict"] == "slower" and p["ratio"] == pytest.approx(1 / 1.1, rel=0.02)
+    assert p["ci_high"] / p["ci_low"] < 1.05  # TPOT's spread, not TTFT's
+    assert any("derived from tpot_samples_s" in n for n in c.notes)
+    assert not any("ttft_samples_s" in n for n in c.notes)
+
+
+def test_a_loader_step_rate_takes_its_samples_from_the_step_times(tmp_path):
+    base = _loader_side(tmp_path / "a", 1, step_s=1e-2, batch_s=5e-3, batch_sigma=0.5)
+    new = _loader_side(tmp_path / "b", 2, step_s=1.1e-2, batch_s=5e-3, batch_sigma=0.5)
+    c = compare_frames(load(base), load(new), metric="step_samples_per_s")
+    p = c.points.iloc[0]
+    assert p["verdict"] == "slower" and p["ci_high"] / p["ci_low"] < 1.05
+    assert any("derived from step_time_samples_s" in n for n in c.notes)
+
+
+def _user_rows(root: Path, rng, *, rate_samples: bool) -> Path:
+    """A user's notebook (no ``workload``): a latency with samples and a rate of something else."""
+    lat = (1e-3 * rng.lognormal(0, 0.01, 10)).tolist()
+    row = {"latency_s": float(np.median(lat)), "latency_samples_s": lat, "items_per_s": 500.0}
+    if rate_samples:
+        row["items_per_s_samples"] = (500.0 * rng.lognormal(0, 0.01, 7)).tolist()
+    _config(root, "mine-1", [row], params={"steps": 3}, notebook="mine.ipynb")
+    return root
+
+
+def test_a_rate_with_its_own_samples_is_compared_on_them(tmp_path):
+    rng = np.random.default_rng(6)
+    base, new = (_user_rows(tmp_path / s, rng, rate_samples=True) for s in "ab")
+    p = compare_frames(load(base), load(new), metric="items_per_s").points.iloc[0]
+    assert (p["n_base"], p["n_new"]) == (7, 7)  # items_per_s_samples, not the latency's 10
+
+
+def test_a_rate_without_a_time_it_inverts_is_compared_without_an_interval(tmp_path):
+    rng = np.random.default_rng(6)
+    base, new = (_user_rows(tmp_path / s, rng, rate_samples=False) for s in "ab")
+    c = compare_frames(load(base), load(new), metric="items_per_s")
+    p = c.points.iloc[0]
+    assert (p["n_base"], p["n_new"]) == (1, 1) and p["verdict"] == "inconclusive"
+    assert any("without an interval" in n for n in c.notes) and c.exit_code == 3
+
+
+def test_a_point_on_one_side_only_exits_3_or_1_with_strict_and_is_listed_everywhere(tmp_path, capsys):
+    base = _sweep(tmp_path / "a", {128: 1e-3, 1024: 1e-2}, seed=1)
+    new = _sweep(tmp_path / "b", {128: 1e-3}, seed=2)  # size 1024 vanished
+    c = compare_frames(load(base), load(new))
+    assert list(c.points["verdict"]) == ["same"]
+    assert [(r.side, r.point) for r in c.one_side.itertuples()] == [("base", "gemm.ipynb dtype=fp32 size=1024")]
+    assert c.exit_code == 3
+    assert compare_frames(load(base), load(new), strict=True).exit_code == 1
+    md, js = tmp_path / "c.md", tmp_path / "c.json"
+    code, out, _ = _cli(capsys, base, new, "--markdown", md, "--json", js)
+    assert code == 3
+    assert "only on one side:" in out and "base: gemm.ipynb dtype=fp32 size=1024" in out
+    assert "1 on one side only" in out.splitlines()[-1] and out.splitlines()[-1].endswith("→ exit 3")
+    assert "- base: `gemm.ipynb dtype=fp32 size=1024`" in md.read_text()
+    data = json.loads(js.read_text())
+    assert data["exit_code"] == 3 and [r["point"] for r in data["one_side"]] == ["gemm.ipynb dtype=fp32 size=1024"]
+    code, out, _ = _cli(capsys, base, new, "--strict")
+    assert code == 1 and out.splitlines()[-1].endswith("→ exit 1")
+
+
+def test_rows_without_a_config_id_are_refused_in_one_line(tmp_path):
+    from perfkit.core.errors import BadInputError
+
+    base = _sweep(tmp_path / "a", {128: 1e-3}, seed=1)
+    new = _sweep(tmp_path / "b", {128: 1e-3}, seed=2)
+    with pytest.raises(BadInputError) as err:
+        compare_frames(load(base).drop(columns=["config_id"]), load(new))
+    assert "config_id" in str(err.value) and "\n" not in str(err.value)

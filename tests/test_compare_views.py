@@ -202,3 +202,16 @@ def test_comparison_report_renders_in_a_real_browser(tmp_path):
                         full_page=True)
     assert not opened.errors, opened.errors
     assert not opened.failed, opened.failed
+
+
+def test_two_metrics_of_one_point_are_told_apart_in_the_plot_and_the_table():
+    # An inference point judged on TTFT and TPOT is two rows with one point label.
+    points = _points().iloc[:2].assign(point="inference.ipynb batch_size=1", notebook="inference.ipynb",
+                                       metric=["ttft_s", "tpot_s"])
+    frame = slowdown_frame(points)
+    assert list(frame["label"]) == ["inference.ipynb batch_size=1 · ttft_s", "inference.ipynb batch_size=1 · tpot_s"]
+    fig = _bokeh(comparison_plot(points))
+    assert sorted(fig.yaxis[0].major_label_overrides.values()) == sorted(frame["label"])
+    table = comparison_table(points)
+    assert list(table["metric"]) == ["ttft_s", "tpot_s"]
+    assert list(slowdown_frame(_points())["label"]) == list(_points()["point"])  # no clash: labels as they were

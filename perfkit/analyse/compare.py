@@ -13,14 +13,19 @@ A point gathers, per side, one group of raw samples per configuration holding it
 round of an A/B sweep (each round is a configuration of its own). A configuration that ended
 not ``ok`` leaves a status row without descriptors: it is matched on the parameters alone,
 covers the other side's points of those parameters, and is listed in ``not_ok`` (never
-dropped); keys found on one side only are listed in ``one_side``.
+dropped); keys found on one side only are listed in ``one_side``, and count as not compared in
+the exit code (3; 1 with ``strict``): a configuration that vanished must not pass the gate.
 
-**Metric.** By default, per notebook, its time column: ``time_s`` when ``time_samples_s`` exists,
-else the first ``X_s`` with ``X_samples_s`` (``step_time_s``). Any ``*_s`` (lower is better) or
-``*_per_s`` (higher is better) column may be named instead. Samples come from
-``<stem>_samples_s``; a ``*_per_s`` metric without samples of its own gets them from the row's
-time samples as metric × time_s / sample (the rate of the timed work, per sample); a row
-without samples contributes its single value.
+**Metric.** By default, by the row's ``workload``
+(:data:`~perfkit.analyse.compare_match.WORKLOAD_METRICS`): training and data loading on the step
+time, inference on TTFT, TPOT and e2e latency, each a point of its own; rows of another workload
+on ``time_s``, else the first ``X_s`` with ``X_samples_s`` (said in a note). Any ``*_s`` (lower
+is better) or ``*_per_s`` (higher is better) column may be named instead; every point carries
+the metric it was judged on. Samples are the metric's own (``X_samples_s`` of a time,
+``X_per_s_samples`` of a rate); without them, those of the time the row's definitions make it
+the inverse of (:data:`~perfkit.analyse.compare_match.TIMED_BY`: ``decode_tokens_per_s`` from
+TPOT's, a loader's ``step_samples_per_s`` from its step times) as metric × time / sample; else
+the row's single value, compared without an interval (a note says so).
 
 **Verdicts** come from :mod:`perfkit.analyse.ab_stats` (bootstrap CI over rounds, Mann–Whitney U,
 threshold AND significance), the p-values Holm-corrected over every point compared.
@@ -53,7 +58,8 @@ class Comparison:
     points: pd.DataFrame
     """One row per compared point (columns: ``_POINT_COLUMNS``), slower first."""
     one_side: pd.DataFrame
-    """Points found on one side only: side, point, notebook."""
+    """Points found on one side only (or a metric of a point measured on one side only): side,
+    point, notebook, metric."""
     not_ok: pd.DataFrame
     """Points not ``ok`` on a side: side, point, status, reason, configs (how many)."""
     env_changes: pd.DataFrame
@@ -61,7 +67,7 @@ class Comparison:
     base_label: str
     new_labels: tuple[str, ...]
     metric: str | None
-    """The metric asked for; None: each notebook's time column."""
+    """The metric asked for; None: each row's workload's (the ``metric`` of each point says which)."""
     threshold: float
     alpha: float
     correction: str = "holm"
@@ -69,14 +75,18 @@ class Comparison:
     uncompared: int = 0
     """Points matched on both sides but not compared because a side is not ``ok`` (a point
     ``skipped`` on both sides excepted: nothing was lost)."""
+    strict: bool = False
+    """A point not compared (on one side only, or not ``ok`` on a side) fails like a slower one."""
 
     @property
     def exit_code(self) -> int:
-        """1 if any point is slower; else 3 if any is inconclusive or could not be compared; else 0."""
+        """1 if any point is slower (or, ``strict``, not compared); else 3 if any is inconclusive,
+        on one side only or not compared; else 0."""
         verdicts = set(self.points["verdict"]) if len(self.points) else set()
-        if "slower" in verdicts:
+        missing = len(self.one_side) + self.uncompared
+        if "slower" in verdicts or (self.strict and missing):
             return 1
-        return 3 if "inconclusive" in verdicts or self.uncompared else 0
+        return 3 if "inconclusive" in verdicts or missing else 0
 
     @property
     def summary(self) -> str:
@@ -85,6 +95,8 @@ class Comparison:
         parts = [f"{counts[v]} {v}" for v in ("slower", "faster", "same", "inconclusive") if v in counts]
         if self.uncompared:
             parts.append(f"{self.uncompared} not compared (a side not ok)")
+        if len(self.one_side):
+            parts.append(f"{len(self.one_side)} on one side only")
         words = ", ".join(parts) or "no point compared"
         return f"{words} (Holm over {len(self.points)} points) → exit {self.exit_code}"
 
@@ -112,7 +124,7 @@ def _check(threshold, alpha, metric, frames, key) -> None:
 FEW_ROUNDS = 5
 
 
-def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, seed) -> Comparison:
+def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, seed, strict) -> Comparison:
     stats = [(ab_stats.compare_samples(b, n, seed=seed), info) for b, n, info in acc["points"]]
     p_holm = ab_stats.holm([c.p_value for c, _ in stats]) if stats else []
     judged, single, few = [], 0, 0
@@ -143,16 +155,18 @@ def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, see
     not_ok = (not_ok.fillna({"reason": ""}).groupby(["side", "point", "status", "reason"], sort=False)
               .size().rename("configs").reset_index())
     return Comparison(
-        points=points, one_side=pd.DataFrame(acc["one_side"], columns=["side", "point", "notebook"]),
+        points=points, one_side=pd.DataFrame(acc["one_side"], columns=["side", "point", "notebook", "metric"]),
         not_ok=not_ok, env_changes=pd.DataFrame(acc["env"], columns=["side", "field", "base", "new"]),
         base_label=base_label, new_labels=tuple(new_labels), metric=metric, threshold=threshold,
-        alpha=alpha, notes=tuple(dict.fromkeys(notes)), uncompared=acc["uncompared"])
+        alpha=alpha, notes=tuple(dict.fromkeys(notes)), uncompared=acc["uncompared"], strict=strict)
 
 
 def _prepared(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows with a notebook name (rows recorded by hand have none) and a status."""
-    if "status" not in frame:
-        raise BadInputError("these rows have no status column: are they perfkit results (perfkit.load)?")
+    """Rows with a notebook name (rows recorded by hand have none), a status and a configuration."""
+    missing = [c for c in ("status", "config_id") if c not in frame]
+    if missing:
+        raise BadInputError(f"these rows have no {' or '.join(missing)} column: are they perfkit results "
+                            f"(perfkit.load)?")
     notebook = frame["notebook"] if "notebook" in frame else pd.Series(None, index=frame.index, dtype=object)
     return frame.assign(notebook=notebook.fillna("(no notebook)").astype(str))
 
@@ -163,8 +177,10 @@ def _acc() -> dict:
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None = None,
                    threshold: float = 0.05, alpha: float = 0.05, base_label: str = "base",
-                   new_label: str = "new", key: Sequence[str] = (), seed: int = 0) -> Comparison:
-    """Two sets of rows (two sweeps, before and after) matched point by point and judged."""
+                   new_label: str = "new", key: Sequence[str] = (), seed: int = 0,
+                   strict: bool = False) -> Comparison:
+    """Two sets of rows (two sweeps, before and after) matched point by point and judged;
+    ``strict``: a point not compared (one side only, not ok on a side) exits 1, not 3."""
     _check(threshold, alpha, metric, (base, new), key)
     base, new = _prepared(base), _prepared(new)
     notes = [f"{base_label} and {new_label} were measured at different times: drift between the runs "
@@ -181,12 +197,12 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None 
                             f"(notebooks: {', '.join(map(str, base['notebook'].dropna().unique())) or 'none'} "
                             f"vs {', '.join(map(str, new['notebook'].dropna().unique())) or 'none'})")
     return _finish(acc, base_label=base_label, new_labels=(new_label,), metric=metric,
-                   threshold=threshold, alpha=alpha, notes=notes, seed=seed)
+                   threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict)
 
 
 def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = None,
                threshold: float = 0.05, alpha: float = 0.05, key: Sequence[str] = (),
-               seed: int = 0) -> Comparison:
+               seed: int = 0, strict: bool = False) -> Comparison:
     """Every other value of column ``by`` (an A/B sweep's ``variant``) against ``base``."""
     if by not in frame:
         splits = [c for c in frame.columns if not c.startswith("env_") and frame[c].map(canon).nunique() in range(2, 21)
@@ -209,4 +225,4 @@ def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = 
     if values.isna().any():
         notes.append(f"{int(values.isna().sum())} rows without a value of {by!r} were left out")
     return _finish(acc, base_label=str(base), new_labels=new_labels, metric=metric,
-                   threshold=threshold, alpha=alpha, notes=notes, seed=seed)
+                   threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +14,8 @@ import pandas as pd
 
 from ..core.errors import BadInputError
 
-__all__ = ["DESCRIPTORS", "canon", "lower_is_better", "match_pair", "env_changes"]
+__all__ = ["DESCRIPTORS", "WORKLOAD_METRICS", "TIMED_BY", "canon", "lower_is_better", "samples_column",
+           "match_pair", "env_changes"]
 
 DESCRIPTORS = (
     "op", "inplace", "dtype", "size", "m", "n", "k", "size_bytes", "world_size", "model",
@@ -23,6 +24,37 @@ DESCRIPTORS = (
 )
 """Columns that say which point a row is, as perfkit's notebooks write them (gemm, roofline,
 collectives, train_step, scaling, peaks)."""
+WORKLOAD_METRICS = {
+    "train_step": ("step_time_s",),
+    "scaling": ("step_time_s",),
+    # The step, its data wait included; loader_batch_time_s times the loader alone.
+    "dataloader": ("step_time_s",),
+    # vLLM's per-request latencies, each a point: TTFT (prefill), TPOT (decode), E2E. Not ITL: its
+    # samples are token gaps pooled over requests (not independent draws) and its mean is TPOT.
+    "inference": ("ttft_s", "tpot_s", "e2e_latency_s"),
+}
+"""What a row is judged on by default, by its ``workload`` (one point per metric the rows carry).
+Rows of another workload: ``time_s``, else the first ``X_s`` with ``X_samples_s``, said in a note."""
+_NOT_RESULTS = ("ceiling",)  # roofs a notebook measured to place its points: compared only with --metric
+_STEP = "step_time_s"
+TIMED_BY = {
+    "train_step": dict.fromkeys(("samples_per_s", "tokens_per_s", "model_flop_per_s", "counted_flop_per_s"), _STEP),
+    "scaling": dict.fromkeys(("samples_per_s", "tokens_per_s"), _STEP),
+    # samples_per_s and bytes_per_s are the loader-only phase's: batch_size / its batch time.
+    "dataloader": {"samples_per_s": "loader_batch_time_s", "bytes_per_s": "loader_batch_time_s",
+                   "step_samples_per_s": _STEP},
+    # analyse/inference.py: output rate over e2e, prefill rates over TTFT, the decode's over
+    # (N - 1)·TPOT; the phases' FLOP/s and bytes/s over the phase's time (measuring/inference.py).
+    "inference": {"output_tokens_per_s": "e2e_latency_s",
+                  **dict.fromkeys(("prefill_tokens_per_s", "prefill_samples_per_s", "prefill_flop_per_s",
+                                   "prefill_bytes_per_s"), "ttft_s"),
+                  **dict.fromkeys(("decode_tokens_per_s", "decode_flop_per_s", "decode_bytes_per_s",
+                                   "decode_time_s"), "tpot_s")},
+    "gemm": dict.fromkeys(("flop_per_s", "bytes_per_s"), "time_s"),
+    "collectives": dict.fromkeys(("algbw_bytes_per_s", "busbw_bytes_per_s"), "time_s"),
+}
+"""Per workload, the timed column a rate is the inverse of (or a time without samples is
+proportional to), by the row's definitions: where a metric without samples of its own gets them."""
 _SIDE_TAGS = ("variant", "round", "variant_params")
 _ENV_SKIP = ("env_json", "env_fingerprint_id")  # derived from the other env_* columns
 
@@ -75,14 +107,26 @@ def _has(rows: pd.DataFrame, column: str) -> bool:
     return column in rows and rows[column].notna().any()
 
 
-def _default_metric(rows: pd.DataFrame) -> str | None:
+def samples_column(metric: str) -> str:
+    """Where a metric's own raw samples are: ``X_samples_s`` of a time ``X_s``, ``X_per_s_samples``
+    of a rate (unitless samples are ``<column>_samples``, as ``data_wait_share_samples``)."""
+    return metric + "_samples" if metric.endswith("_per_s") else metric[:-2] + "_samples_s"
+
+
+def _fallback_metric(rows: pd.DataFrame) -> str | None:
+    """A row of no known workload: ``time_s``, else the first ``X_s`` with raw samples."""
     if _has(rows, "time_s") and _has(rows, "time_samples_s"):
         return "time_s"
     for col in rows.columns:
         if (col.endswith("_s") and not col.endswith(("_samples_s", "_per_s")) and _has(rows, col)
-                and _has(rows, col[:-2] + "_samples_s")):
+                and _has(rows, samples_column(col))):
             return col
     return None
+
+
+def _workload(row) -> str | None:
+    w = canon(row.get("workload"))
+    return None if w is None else str(w)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -102,7 +146,8 @@ class _Entry:
     pkey: tuple
     status: str
     reason: object
-    samples: np.ndarray | None
+    samples: dict
+    """Metric → raw samples (empty for a row that is not ``ok``)."""
 
 
 class _Matcher:
@@ -114,32 +159,57 @@ class _Matcher:
         self.skip = {by, *_SIDE_TAGS} | {n for t in both.get("variant_params", pd.Series(dtype=object))
                                          .map(canon).dropna().unique() for n in (_names(t) or ())}
         self.dcols = [c for c in dict.fromkeys((*DESCRIPTORS, *key)) if c in both and c not in self.skip]
-        self.metric = metric or _default_metric(both)
-        self.time = _default_metric(both)
-        self.derived = self.no_samples = self.dropped = 0
-        if self.metric is None or not _has(both, self.metric):
-            what = f"no column {metric}" if metric else "no time column with raw samples (X_s with X_samples_s)"
-            if both["status"].eq("ok").any():
-                notes.append(f"{notebook}: {what}; its points are not compared (pass --metric)")
-            self.metric = None
+        self.metrics = self._metrics(both, metric, notes)
+        self.derived, self.no_samples, self.dropped = Counter(), Counter(), 0
         if any(_names(t) is None for t in both.get("param_names", pd.Series([None])).unique()):
             notes.append(f"{notebook}: rows without param_names (recorded before perfkit recorded "
                          f"them): matched by descriptors and row order only")
         self.base, self.new = self._entries(base), self._entries(new)
 
-    def _samples(self, row) -> np.ndarray | None:
-        m, value = self.metric, _number(row.get(self.metric))
-        own = _array(row.get(m[:-2] + "_samples_s"))
-        t = _array(row.get(self.time[:-2] + "_samples_s")) if self.time else None
-        if own is not None:
-            out = own
-        elif m.endswith("_per_s") and value is not None and t is not None and _number(row.get(self.time)):
-            # The same work each sample, timed: rate_i = rate × t_median / t_i.
-            out = value * _number(row.get(self.time)) / t
-            self.derived += 1
+    def _metrics(self, both: pd.DataFrame, metric, notes) -> dict:
+        """Workload → the metrics its rows are judged on (``metric`` alone when given)."""
+        nb, ok = self.notebook, both["status"].eq("ok").to_numpy()
+        workloads = [_workload(r) for r in both.to_dict("records")]
+        out = {}
+        for w in dict.fromkeys(w for w, good in zip(workloads, ok) if good):
+            rows = both[ok & np.array([x == w for x in workloads], dtype=bool)]
+            if metric:
+                out[w] = (metric,) if _has(rows, metric) else ()
+            elif w in _NOT_RESULTS:
+                out[w] = ()
+            elif w in WORKLOAD_METRICS:
+                out[w] = tuple(m for m in WORKLOAD_METRICS[w] if _has(rows, m))
+                if not out[w]:
+                    notes.append(f"{nb}: its {w} rows have none of {', '.join(WORKLOAD_METRICS[w])}; "
+                                 f"not compared (pass --metric)")
+            else:
+                found = _fallback_metric(rows)
+                out[w] = (found,) if found else ()
+                what = f"rows of workload {w!r}" if w else "rows without a workload"
+                notes.append(f"{nb}: {what} judged on {found} (time_s, else the first X_s with X_samples_s; "
+                             f"--metric names another)" if found else
+                             f"{nb}: {what} have no time column with raw samples (X_s with X_samples_s); "
+                             f"not compared (pass --metric)")
+        if metric and ok.any() and not any(out.values()):
+            notes.append(f"{nb}: no column {metric}; its points are not compared (pass --metric)")
+        return out
+
+    def _samples(self, row, metric: str) -> np.ndarray | None:
+        value = _number(row.get(metric))
+        out = _array(row.get(samples_column(metric)))
+        source = TIMED_BY.get(_workload(row), {}).get(metric)
+        t = _array(row.get(samples_column(source))) if source else None
+        t_mid = _number(row.get(source)) if source else None
+        if out is not None:
+            pass
+        elif value is not None and t is not None and t_mid:
+            # The same work each sample, timed: a rate is inverse to its time (rate_i = rate × t / t_i),
+            # a time without samples proportional to it (decode time = (N − 1)·TPOT per generation).
+            out = value * t_mid / t if metric.endswith("_per_s") else value * t / t_mid
+            self.derived[(metric, source)] += 1
         elif value is not None:
             out = np.array([value])
-            self.no_samples += 1
+            self.no_samples[metric] += 1
         else:
             return None
         good = np.isfinite(out) & (out > 0)
@@ -158,11 +228,13 @@ class _Matcher:
             base_key = (pkey, dkey, row["config_id"])
             order = seen[base_key]  # counted over every row, so a row missing the metric shifts nothing
             seen[base_key] += 1
-            samples = None
+            samples = {}
             if row["status"] == "ok":
-                samples = self._samples(row) if self.metric else None
-                if samples is None:
-                    continue  # an ok row without this metric measured something else
+                for m in self.metrics.get(_workload(row), ()):
+                    if (got := self._samples(row, m)) is not None:
+                        samples[m] = got
+                if not samples:
+                    continue  # an ok row without these metrics measured something else
             out.append(_Entry(key=(pkey, dkey, order), pkey=pkey, status=row["status"],
                               reason=row.get("reason"), samples=samples))
         return out
@@ -207,6 +279,37 @@ def env_changes(base: pd.DataFrame, new: pd.DataFrame, side: str) -> list[dict]:
     return out
 
 
+def _metric_names(entries) -> str:
+    return ", ".join(dict.fromkeys(m for e in entries for m in e.samples))
+
+
+def _add_points(acc, ok_b, ok_n, info, *, base_label, new_label) -> None:
+    """One point per metric both sides measured; a metric measured on one side only is listed."""
+    for metric in dict.fromkeys(m for e in ok_b + ok_n for m in e.samples):
+        groups_b = [e.samples[metric] for e in ok_b if metric in e.samples]
+        groups_n = [e.samples[metric] for e in ok_n if metric in e.samples]
+        if groups_b and groups_n:
+            acc["points"].append((groups_b, groups_n, {**info, "base": base_label, "new": new_label,
+                                                       "metric": metric,
+                                                       "lower_is_better": lower_is_better(metric)}))
+        else:
+            acc["one_side"].append({"side": base_label if groups_b else new_label, "point": info["point"],
+                                    "notebook": info["notebook"], "metric": metric})
+
+
+def _sample_notes(m: _Matcher, notes: list) -> None:
+    nb = m.notebook
+    for (metric, source), n in m.derived.items():
+        how = f"{metric} × {source} / sample" if metric.endswith("_per_s") else f"{metric} × sample / {source}"
+        notes.append(f"{nb}: {metric} has no samples of its own; {n} rows' samples derived from "
+                     f"{samples_column(source)} as {how} (the timed work it is a rate of)")
+    for metric, n in m.no_samples.items():
+        notes.append(f"{nb}: {n} rows have no raw samples of {metric} (nor of a time it is the inverse of): "
+                     f"compared without an interval, their single value counts as one sample")
+    if m.dropped:
+        notes.append(f"{nb}: {m.dropped} non-finite or non-positive samples dropped")
+
+
 def match_pair(base, new, *, base_label, new_label, metric, by, key, notes, acc) -> int:
     """Match one pair of frames into ``acc`` (points as (base groups, new groups, info), ``one_side``,
     ``not_ok``, ``env``, ``uncompared``); returns how many points the two sides share."""
@@ -236,26 +339,19 @@ def match_pair(base, new, *, base_label, new_label, metric, by, key, notes, acc)
                 if failure_row and k[0] in all_p[other]:
                     continue  # a configuration that ended not ok, matched on its parameters: listed
                 if k[0] not in failed_p[other]:
-                    acc["one_side"].append({"side": mine, "point": labels[k], "notebook": nb})
+                    acc["one_side"].append({"side": mine, "point": labels[k], "notebook": nb,
+                                            "metric": _metric_names(eb + en)})
                     continue
             shared += 1
-            ok_b = [e.samples for e in eb if e.status == "ok"]
-            ok_n = [e.samples for e in en if e.status == "ok"]
+            ok_b = [e for e in eb if e.status == "ok"]
+            ok_n = [e for e in en if e.status == "ok"]
             if not (ok_b and ok_n):
                 statuses = {e.status for e in eb + en}
                 acc["uncompared"] += 0 if statuses == {"skipped"} and eb and en else 1
                 continue
-            acc["points"].append((ok_b, ok_n, {"point": labels[k], "notebook": nb, "base": base_label,
-                                               "new": new_label, "metric": m.metric,
-                                               "lower_is_better": lower_is_better(m.metric)}))
-        if m.derived:
-            notes.append(f"{nb}: {m.metric} has no samples of its own; {m.derived} rows' samples derived "
-                         f"from {m.time[:-2]}_samples_s as {m.metric} × {m.time} / sample (a rate of the timed work)")
-        if m.no_samples:
-            notes.append(f"{nb}: {m.no_samples} rows have no raw samples of {m.metric}: their single value "
-                         f"counts as one sample")
-        if m.dropped:
-            notes.append(f"{nb}: {m.dropped} non-finite or non-positive samples dropped")
+            _add_points(acc, ok_b, ok_n, {"point": labels[k], "notebook": nb},
+                        base_label=base_label, new_label=new_label)
+        _sample_notes(m, notes)
     acc["env"] += env_changes(base, new, new_label)
     return shared
 

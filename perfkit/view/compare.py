@@ -25,8 +25,12 @@ Did a change make it faster? Match the rows of BASE_DIR and NEW_DIR (two sweeps)
 sweep's variants (DIR --by variant --base NAME), point by point: by notebook, the configuration's
 parameters (less those a variant overrides), the row's descriptors (op, dtype, size, ...), any
 --key columns, and the row's order among equal rows. Each point compares the raw samples of its
-metric (default: each notebook's time column, time_s or step_time_s; any *_s or *_per_s column
-with --metric), one group per round.
+metric, one group per round. The default metric follows the row's workload: training and data
+loading the step time (step_time_s), inference TTFT, TPOT and e2e latency (ttft_s, tpot_s,
+e2e_latency_s), each a point of its own; other rows time_s, else their first X_s with samples.
+--metric names one *_s or *_per_s column instead. A rate without samples of its own takes them
+from the time it is the inverse of (decode_tokens_per_s from TPOT's); without one it is compared
+without an interval. Every output names the metric of each point.
 
 Verdict of a point: `slower` or `faster` when the change passes --threshold (default 5 %) AND is
 significant: the Mann-Whitney U p-value after Holm's correction over all points compared is
@@ -38,7 +42,8 @@ Points on one side only and points not ok on a side (failed, oom, skipped, ...) 
 environment fingerprint fields that changed (torch, driver, device) are shown at the top.
 
 Exit codes: 0 no regression shown; 1 at least one point slower; 2 bad input (nothing compared);
-3 no regression shown, but some point inconclusive or not compared (a side not ok).
+3 no regression shown, but some point inconclusive, on one side only, or not compared (a side
+not ok). With --strict a point on one side only or not compared exits 1.
 """
 
 _MARK = {"slower": "🔴", "faster": "🟢", "same": "⚪", "inconclusive": "🟡"}
@@ -53,11 +58,13 @@ def add_compare_command(sub) -> None:
     p.add_argument("--by", help="compare the values of this column within BASE_DIR (an A/B sweep: variant)")
     p.add_argument("--base", help="with --by: the value every other value is compared against")
     p.add_argument("--metric", help="the column to compare (*_s: lower is better, *_per_s: higher is better); "
-                                    "default: each notebook's time column")
+                                    "default: by workload (step time; inference: TTFT, TPOT, e2e latency)")
     p.add_argument("--threshold", type=float, default=0.05, help="smallest change that counts, a fraction (default 0.05 = 5 %%)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
     p.add_argument("--key", action="append", default=[], metavar="COL",
                    help="another column that tells points apart (repeatable)")
+    p.add_argument("--strict", action="store_true",
+                   help="a point on one side only, or not ok on a side, fails the gate: exit 1 (default 3)")
     p.add_argument("--markdown", metavar="FILE", help="also write the comparison as markdown (a CI comment)")
     p.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
     p.set_defaults(func=run_compare)
@@ -105,7 +112,8 @@ def _check_args(args) -> None:
 def run_compare(args) -> int:
     """``perfkit compare``: compare, print, write the files asked for; the comparison's exit code."""
     _check_args(args)
-    options = dict(metric=args.metric, threshold=args.threshold, alpha=args.alpha, key=tuple(args.key))
+    options = dict(metric=args.metric, threshold=args.threshold, alpha=args.alpha, key=tuple(args.key),
+                   strict=args.strict)
     if args.by is not None:
         c = compare_by(load_rows(args.base_dir), by=args.by, base=args.base, **options)
         title = f"{args.base_dir} by {args.by}"
@@ -136,6 +144,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return [line(header), *(line(r) for r in rows)]
+
+
+def _metric_of(r) -> str:
+    """The metrics a point on one side only was measured on, in parentheses; empty when none."""
+    return f" ({r.metric})" if isinstance(r.metric, str) and r.metric else ""
 
 
 def _rule(c: Comparison) -> str:
@@ -172,7 +185,7 @@ def render_terminal(c: Comparison, *, title: str = "") -> str:
             out.append(f"    {r.why}")
     out.append(f"({_rule(c)})")
     if len(c.one_side):
-        out += ["", "only on one side:"] + [f"  {r.side}: {r.point}" for r in c.one_side.itertuples()]
+        out += ["", "only on one side:"] + [f"  {r.side}: {r.point}" + _metric_of(r) for r in c.one_side.itertuples()]
     if len(c.not_ok):
         out += ["", "not ok:"] + [f"  {sides}: {point}: {status}" + (f" ×{n}" if n > 1 else "")
                                   + (f" — {reason}" if reason else "") for sides, point, status, reason, n in _not_ok(c)]
@@ -215,7 +228,8 @@ def render_markdown(c: Comparison, *, title: str = "") -> str:
         out += [f"<details><summary>{len(same)} points the same</summary>", ""]
         out += _md_table(header, rows(same)) + ["", "</details>", ""]
     if len(c.one_side):
-        out += ["**Only on one side**", ""] + [f"- {r.side}: `{_cell(r.point)}`" for r in c.one_side.itertuples()] + [""]
+        out += ["**Only on one side**", ""] + [f"- {r.side}: `{_cell(r.point)}`" + _metric_of(r)
+                                               for r in c.one_side.itertuples()] + [""]
     if len(c.not_ok):
         out += ["**Not ok**", ""]
         out += _md_table(["side", "point", "status", "configs", "reason"],
@@ -236,6 +250,7 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 def to_json(c: Comparison) -> dict:
     """The comparison as JSON-ready data (NaN as null)."""
     return {"base": c.base_label, "new": list(c.new_labels), "metric": c.metric, "threshold": c.threshold,
-            "alpha": c.alpha, "correction": c.correction, "exit_code": c.exit_code, "summary": c.summary,
+            "alpha": c.alpha, "correction": c.correction, "strict": c.strict, "exit_code": c.exit_code,
+            "summary": c.summary,
             "uncompared": c.uncompared, "points": _records(c.points), "one_side": _records(c.one_side),
             "not_ok": _records(c.not_ok), "env_changes": _records(c.env_changes), "notes": list(c.notes)}

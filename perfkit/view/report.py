@@ -181,7 +181,7 @@ def comparison_section(comparison, *, base_rule: bool = False) -> Parts:
 def _comparison_summary(comparison, base_rule: bool) -> str:
     rule = " (the variant of the earliest-recorded row of round 1)" if base_rule else ""
     metrics = ", ".join(sorted(map(str, comparison.points["metric"].dropna().unique()))) or "none"
-    metric = comparison.metric or f"{metrics} (each notebook's time column)"
+    metric = comparison.metric or f"{metrics} (each workload's default: step time; inference TTFT, TPOT, e2e)"
     against = ", ".join(comparison.new_labels)
     parts = [f"{_CSS}<p>Base <b>{html.escape(comparison.base_label)}</b>{rule} against "
              f"{html.escape(against)}; metric {html.escape(metric)}; threshold ±{comparison.threshold * 100:g} %, "

@@ -67,13 +67,18 @@ def _p_text(p) -> str:
 def slowdown_frame(points: pd.DataFrame) -> pd.DataFrame:
     """``points`` with what the plot draws: ``label`` (y-axis text: the point, prefixed with the
     new side's label when several were compared), ``slowdown`` and its CI ``slowdown_low``/
-    ``slowdown_high`` (NaN where unknown), ``change`` in words, and display texts."""
+    ``slowdown_high`` (NaN where unknown), ``change`` in words, and display texts. A label that
+    several metrics of one point share is suffixed with the metric ("... · tpot_s")."""
     data = points.reset_index(drop=True).copy()
     if data.empty:
         return data.assign(label=pd.Series(dtype=str), slowdown=pd.Series(dtype=float))
     several = "new" in data and data["new"].nunique() > 1
     point = data["point"].astype(str)
-    data["label"] = (data["new"].astype(str) + ": " + point) if several else point
+    label = (data["new"].astype(str) + ": " + point) if several else point
+    if "metric" in data:  # a point judged on several metrics (inference: TTFT, TPOT): one line each
+        clash = label.duplicated(keep=False)
+        label = label.where(~clash, label + " · " + data["metric"].astype(str))
+    data["label"] = label
     lower = data["lower_is_better"].astype(bool) if "lower_is_better" in data else True
     ratio = pd.to_numeric(data["ratio"], errors="coerce")
     lo = pd.to_numeric(data["ci_low"], errors="coerce") if "ci_low" in data else np.nan * ratio
@@ -164,13 +169,14 @@ def comparison_plot(points: pd.DataFrame, *, threshold: float = 0.05):
 
 def comparison_table(points: pd.DataFrame) -> pd.DataFrame:
     """The points in words, one row each, for display (a notebook shows it as an HTML table; the
-    report renders it): point, verdict, change, ratio with its CI, p after Holm, samples, why."""
+    report renders it): point, verdict, change, metric, ratio with its CI, p after Holm, samples, why."""
     data = slowdown_frame(points)
-    cols = {"label": "point", "verdict": "verdict", "change": "change", "ratio": "ratio new/base",
+    cols = {"label": "point", "verdict": "verdict", "change": "change", "metric": "metric", "ratio": "ratio new/base",
             "ci_text": "95 % CI of ratio", "p_text": "p after Holm", "n_text": "samples base vs new",
             "why": "why"}
     if data.empty:
         return pd.DataFrame(columns=list(cols.values()))
-    table = data.assign(why=data["why"] if "why" in data else "")[list(cols)].rename(columns=cols)
+    table = data.assign(why=data["why"] if "why" in data else "",
+                        metric=data["metric"] if "metric" in data else "")[list(cols)].rename(columns=cols)
     table["ratio new/base"] = [f"{r:.4g}" if r == r else "n/a" for r in pd.to_numeric(data["ratio"])]
     return table
