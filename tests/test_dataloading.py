@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -141,6 +144,56 @@ def test_every_format_loads_in_the_main_process_then_in_forked_workers(tmp_path,
         assert row["status"] == "ok" and row["workers_left_alive"] == 0 and row["bytes_per_s"] > 0
 
 
+def _filesystem(path) -> str:
+    """The filesystem type of ``path`` as coreutils names it (``ext2/ext3`` for ext4), a check
+    independent of perfkit's own reading of /proc/self/mountinfo."""
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+# Disk filesystems whose clean pages POSIX_FADV_DONTNEED drops (mm/fadvise.c invalidates the
+# mapping's unmapped clean pages); tmpfs pages have no backing store to be dropped to.
+_DROPPING = ("ext2/ext3", "xfs", "btrfs")
+
+
+@pytest.fixture
+def cache_on(tmp_path, request):
+    """A dataset cache on disk (``tmp_path``) or on tmpfs (a folder in /dev/shm)."""
+    if request.param == "disk":
+        return tmp_path
+    if not os.path.isdir("/dev/shm") or _filesystem("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    folder = Path(tempfile.mkdtemp(prefix="perfkit-test-", dir="/dev/shm"))
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder
+
+
+@pytest.mark.parametrize("cache_on", ["disk", "tmpfs"], indirect=True)
+def test_page_cache_evicted_is_what_the_kernel_did_not_what_was_asked(cache_on):
+    fs = _filesystem(cache_on)
+    if fs != "tmpfs" and fs not in _DROPPING:
+        pytest.skip(f"dataset cache on {fs}: whether it drops clean pages on request is not known here")
+    cfg = dict(format="mmap", n_samples=64, sample_bytes=4096, steps=3, warmup_steps=1, loader_batches=2,
+               device="cpu", cache_dir=str(cache_on))
+    # Not asked first, on the dataset just written and fsynced (all of it in the page cache).
+    warm = run_loader_benchmark(LoaderConfig(**cfg))
+    row = run_loader_benchmark(LoaderConfig(**cfg, evict_page_cache=True))
+    assert warm["status"] == row["status"] == "ok", (warm["error"], row["error"])
+    assert warm["page_cache_evicted"] is None
+    # Asked on tmpfs, nothing could be dropped (no backing store): the row says so.
+    assert row["page_cache_evicted"] is (fs != "tmpfs")
+    assert warm["page_cache_resident_fraction"] == 1.0
+    assert math.isnan(warm["page_cache_resident_fraction_before_eviction"])
+    assert row["page_cache_resident_fraction_before_eviction"] == 1.0
+    if fs == "tmpfs":
+        assert row["page_cache_resident_fraction"] == 1.0
+    else:
+        assert row["page_cache_resident_fraction"] <= 0.01
+    assert row["page_cache_residency_note"] is None
+    # coreutils names ext2, ext3 and ext4 alike
+    assert row["dataset_filesystem"] in (("ext2", "ext3", "ext4") if fs == "ext2/ext3" else (fs,))
+
+
 def test_pinning_on_cpu_is_reported_not_applicable_and_a_missing_gpu_skips(tmp_path):
     cfg = dict(n_samples=16, steps=3, warmup_steps=1, loader_batches=2, cache_dir=str(tmp_path))
     row = run_loader_benchmark(LoaderConfig(**cfg, device="cpu", pin_memory=True))
@@ -231,6 +284,30 @@ def test_recommend_takes_the_fewest_workers_within_95_percent_then_no_pinning():
     assert analysis.recommend(rows, fraction=0.5).set_index("format").loc["files", "recommended_num_workers"] == 0
     assert analysis.recommend(rows, fraction=0.9).set_index("format").loc["files", "recommended_num_workers"] == 2
     assert analysis.recommend(rows, fraction=0.7).set_index("format").loc["files", "recommended_num_workers"] == 1
+
+
+def test_recommend_never_compares_rows_of_two_storage_conditions():
+    # A warm page cache needs no workers; the same dataset evicted first (cold) needs two; on a
+    # slow network mount, four. Mixed into one group, the best (101) makes 0 workers "enough"
+    # for all three, since the warm rows' 100 reaches 95 % of it.
+    warm = dict(evict_page_cache=False, page_cache_evicted=None, cache_dir="/local")
+    cold = dict(evict_page_cache=True, page_cache_evicted=True, cache_dir="/local")
+    remote = dict(evict_page_cache=False, page_cache_evicted=None, cache_dir="/mnt/nfs")
+    rows = pd.DataFrame([_row(0, False, 100.0, **warm), _row(1, False, 101.0, **warm),
+                         _row(0, False, 40.0, **cold), _row(1, False, 70.0, **cold),
+                         _row(2, False, 98.0, **cold),
+                         _row(0, False, 20.0, **remote), _row(2, False, 50.0, **remote),
+                         _row(4, False, 97.0, **remote)])
+    rec = analysis.recommend(rows)
+    assert sorted(rec["recommended_num_workers"]) == [0, 2, 4]
+    chosen = {(r.cache_dir, r.evict_page_cache): r.recommended_num_workers for r in rec.itertuples()}
+    assert chosen == {("/local", False): 0, ("/local", True): 2, ("/mnt/nfs", False): 4}
+    assert sorted(rec["rows_compared"]) == [2, 3, 3]
+    # Asked to evict on both, dropped on one only (a tmpfs keeps its pages): still two conditions.
+    kept = dict(cold, page_cache_evicted=False)
+    asked = pd.DataFrame([_row(0, False, 100.0, **kept), _row(0, False, 40.0, **cold),
+                          _row(2, False, 98.0, **cold)])
+    assert sorted(analysis.recommend(asked)["recommended_num_workers"]) == [0, 2]
 
 
 def test_bound_is_input_bound_strictly_above_the_threshold():

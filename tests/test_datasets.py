@@ -3,11 +3,16 @@ reused and never serves a half-written dataset, and the decode meets its cost on
 
 from __future__ import annotations
 
+import math
+import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +20,7 @@ import torch
 
 from conftest import REPO
 from perfkit.core.errors import BadInputError
-from perfkit.measuring import datasets
+from perfkit.measuring import datasets, page_cache
 
 
 @pytest.mark.parametrize("fmt", datasets.FORMATS)
@@ -43,7 +48,6 @@ def test_each_format_reads_back_the_generated_samples_in_random_order_and_is_gen
     other, _ = datasets.ensure(datasets.DatasetSpec(format=fmt, n_samples=70, sample_bytes=300,
                                                     rows_per_group=32, seed=4), tmp_path)
     assert other != path  # the key covers every parameter
-    assert datasets.evict_page_cache(path)
 
 
 def test_the_default_cache_is_under_perfkit_out_else_the_user_cache(monkeypatch, tmp_path):
@@ -60,7 +64,7 @@ def test_an_unknown_format_is_bad_input():
 
 _KILLED_MIDWAY = """
 import os, signal, sys
-from perfkit.measuring import datasets
+from perfkit.measuring import datasets, page_cache
 real = datasets._write_files
 def half_then_killed(spec, root):
     datasets.np.save(root / "half.npy", datasets.sample_raw(spec, 0))
@@ -101,3 +105,55 @@ def test_the_decode_lasts_its_cost_on_its_clock_and_its_values_do_not_depend_on_
     # Until the clock says so; on the thread clock that is CPU time, which a sleep would not spend.
     assert spent >= 0.005
     np.testing.assert_array_equal(plain, costly)
+
+
+def _filesystem(path) -> str:
+    """``path``'s filesystem type as coreutils names it (``ext2/ext3`` for ext4)."""
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.fixture
+def cache_on(tmp_path, request):
+    """A dataset cache on disk (``tmp_path``) or on tmpfs (a folder in /dev/shm)."""
+    if request.param == "disk":
+        return tmp_path
+    if not os.path.isdir("/dev/shm") or _filesystem("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    folder = Path(tempfile.mkdtemp(prefix="perfkit-test-", dir="/dev/shm"))
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder
+
+
+@pytest.mark.parametrize("cache_on", ["disk", "tmpfs"], indirect=True)
+@pytest.mark.parametrize("fmt", ["files", "mmap"])
+def test_residency_follows_reads_and_evictions_as_the_kernel_does_them(cache_on, fmt):
+    fs = _filesystem(cache_on)
+    if fs != "tmpfs" and fs not in ("ext2/ext3", "xfs", "btrfs"):
+        pytest.skip(f"cache on {fs}: whether it drops clean pages on request is not known here")
+    spec = datasets.DatasetSpec(format=fmt, n_samples=64, sample_bytes=8192)
+    path, _ = datasets.ensure(spec, cache_on)
+    page_cache.evict(path)
+    # Drops on a disk filesystem (clean pages, mapped by nobody); tmpfs has nowhere to drop them to.
+    dropped = fs != "tmpfs"
+    assert page_cache.residency(path).fraction == (0.0 if dropped else 1.0)
+    ds = datasets.reader(path, spec)
+    for i in range(0, 32):  # the first half of the samples: resident after the read
+        ds.read_raw(i)
+    ds.close()
+    half = page_cache.residency(path)
+    assert half.pages >= 64 * 8192 // os.sysconf("SC_PAGE_SIZE")
+    assert (0.3 < half.fraction < 1.0) if dropped and fmt == "files" else half.fraction > 0.3
+    page_cache.evict(path)
+    after = page_cache.residency(path)
+    assert after.note is None and after.fraction <= (0.01 if dropped else 1.0)
+    assert page_cache.evicted(after) is dropped
+
+
+def test_residency_without_mincore_is_unknown_with_the_reason(tmp_path, monkeypatch):
+    spec = datasets.DatasetSpec(format="mmap", n_samples=8)
+    path, _ = datasets.ensure(spec, tmp_path)
+    monkeypatch.setattr(page_cache, "_mincore", lambda: (None, "mincore(2) is not available on plan9"))
+    unknown = page_cache.residency(path)
+    assert math.isnan(unknown.fraction) and unknown.note == "mincore(2) is not available on plan9"
+    assert page_cache.evicted(unknown) is None

@@ -19,7 +19,9 @@ collation and copy remain) and cold (from storage). Per step,
 ``prep_stall_s = cached - ceiling`` and ``fetch_stall_s = cold - cached``. Differences of medians
 are kept signed: a small negative stall is noise and says so.
 
-**Recommendation.** Within a group of rows that differ only in worker settings, the cheapest
+**Recommendation.** Within a group of rows that differ only in worker settings (the same
+dataset, step and storage conditions: cold- and warm-cache rows, or two storage locations, are
+two groups, never one where only the workers would seem to differ), the cheapest
 setting whose step throughput reaches :data:`RECOMMEND_FRACTION` (95 %) of the best measured:
 fewest ``num_workers``, then no pinning (pinned pages are a scarce, unswappable resource), then
 the highest throughput.
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 __all__ = ["INPUT_BOUND_SHARE", "RECOMMEND_FRACTION", "INPUT_BOUND", "COMPUTE_BOUND", "GROUP_KEYS",
-           "WORKER_KEYS", "bound", "classify", "wait_shares", "stall_attribution",
+           "STORAGE_KEYS", "WORKER_KEYS", "bound", "classify", "wait_shares", "stall_attribution",
            "recommend", "breakdown"]
 
 #: Median data-wait share above which a step is input-bound (TensorBoard profiler plugin's 5 %).
@@ -46,10 +48,14 @@ COMPUTE_BOUND = "compute-bound"
 #: The settings a recommendation chooses among.
 WORKER_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
                "multiprocessing_context")
+#: The storage conditions of a row: where the dataset lay, whether eviction from the page cache
+#: was asked and whether it happened (measured).
+STORAGE_KEYS = ("cache_dir", "dataset_cache_dir", "dataset_filesystem", "evict_page_cache",
+                "page_cache_evicted")
 #: Rows equal in these (those present) are one group of a sweep: one recommendation each.
 GROUP_KEYS = ("format", "n_samples", "sample_bytes", "rows_per_group", "decode_cost_s", "decode_clock",
               "fetch_delay_s", "batch_size", "model", "model_size", "step_compute_s", "shuffle",
-              "resolved_device")
+              "resolved_device", *STORAGE_KEYS)
 
 
 def _nan(value) -> bool:

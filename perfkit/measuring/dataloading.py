@@ -8,10 +8,11 @@ a fresh loader (fresh workers) whose workers are all shut down and joined when t
    ``time_to_first_batch_s`` (from ``iter()``, worker start-up included), and the loader-only
    throughput of the batches after the first, ``samples_per_s`` and ``bytes_per_s`` (raw stored
    bytes read per second).
-2. **Steps** (cold: from storage, through the page cache as it stands, or dropped from it
-   first with ``evict_page_cache``): ``steps`` training steps, each ``next()`` on the loader, the
-   host-to-device copy (``non_blocking`` from pinned memory on a GPU) and the compute: one of
-   :mod:`perfkit.measuring.workloads` (``model``: forward, backward, AdamW step) or a fixed
+2. **Steps** (from storage through the page cache as it stands, or with ``evict_page_cache``
+   after asking the kernel to drop the dataset from it): ``steps`` training steps, each
+   ``next()`` on the loader, the host-to-device copy (``non_blocking`` from pinned memory on a
+   GPU) and the compute: one of :mod:`perfkit.measuring.workloads` (``model``: forward,
+   backward, AdamW step) or a fixed
    ``step_compute_s``, during which the host sleeps as it waits on a GPU computing (the CPU stays
    free for the loader's workers). Per step after ``warmup_steps``: the step's wall time
    (``step_time_samples_s``), the time blocked in ``next()`` (``data_wait_samples_s``) and their
@@ -22,6 +23,14 @@ a fresh loader (fresh workers) whose workers are all shut down and joined when t
    same steps with the decoded batch already on the device (``ceiling_step_time_s``) and with
    the raw dataset cached in memory (``cached_step_time_s``: no read, no fetch delay, the same
    decode); ``prep_stall_s`` = cached − ceiling and ``fetch_stall_s`` = cold − cached, per step.
+
+Page cache: just before the step phase's first read, ``page_cache_resident_fraction`` is the
+share of the dataset's pages in the page cache, counted with ``mincore``
+(:mod:`perfkit.measuring.page_cache`; NaN with ``page_cache_residency_note`` where it cannot be).
+With ``evict_page_cache`` it is also measured before the request
+(``page_cache_resident_fraction_before_eviction``) and ``page_cache_evicted`` says whether the
+kernel dropped the dataset (at most 1 % left), not whether it was asked: on tmpfs it cannot.
+``dataset_cache_dir`` and ``dataset_filesystem`` say where the dataset lies.
 
 Pinning: on a GPU ``pin_memory`` pins batches in the loader's pin thread and copies them with
 ``non_blocking=True``, both inside the measured step. On a CPU there is no host-to-device copy to
@@ -50,7 +59,7 @@ from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core import checks, status
 from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
-from perfkit.measuring import datasets, workloads
+from perfkit.measuring import datasets, page_cache, workloads
 from perfkit.measuring.training import synchronize
 
 __all__ = ["LoaderConfig", "WORKLOAD", "run_loader_benchmark", "configs_from_params", "check_params",
@@ -109,7 +118,8 @@ class LoaderConfig:
     stall_attribution: bool = False
     """Also time the ingestion ceiling and the cached dataset (DS-Analyzer's stall split)."""
     evict_page_cache: bool = False
-    """Drop the dataset from the page cache before the step phase, so its reads come from storage."""
+    """Ask the kernel to drop the dataset from the page cache before the step phase, so its reads
+    come from storage; whether it did is measured (``page_cache_evicted``)."""
     device: str = "auto"
     """``auto`` (a GPU if any, else the CPU), ``cpu`` or ``cuda``."""
     seed: int = 0
@@ -328,6 +338,18 @@ def _step_columns(cfg: LoaderConfig, waits: list[float], totals: list[float]) ->
             "bound": analysis.bound(share, cfg.input_bound_threshold)}
 
 
+def _page_cache_columns(cfg: LoaderConfig, path) -> dict:
+    """Where the dataset lies and what the page cache held of it, eviction asked or not."""
+    before = page_cache.residency(path).fraction if cfg.evict_page_cache else math.nan
+    if cfg.evict_page_cache:
+        page_cache.evict(path)
+    now = page_cache.residency(path)
+    return {"dataset_cache_dir": str(path.parent), "dataset_filesystem": page_cache.filesystem(path),
+            "page_cache_resident_fraction_before_eviction": before,
+            "page_cache_resident_fraction": now.fraction, "page_cache_residency_note": now.note,
+            "page_cache_evicted": page_cache.evicted(now) if cfg.evict_page_cache else None}
+
+
 def _benchmark(cfg: LoaderConfig, device: torch.device) -> dict:
     pin = cfg.pin_memory and device.type == "cuda"
     note = None
@@ -346,14 +368,14 @@ def _benchmark(cfg: LoaderConfig, device: torch.device) -> dict:
     if cfg.loader_batches:
         loader_waits, _ = _phase(_loader(cfg, dataset, pin), cfg.loader_batches, None, workers)
     dataset.close()  # the main process's mapping, if the loader-only phase read in it
-    evicted = datasets.evict_page_cache(path) if cfg.evict_page_cache else None
+    cache = _page_cache_columns(cfg, path)  # measured last before the step phase's first read
     waits, totals = _phase(_loader(cfg, dataset, pin), cfg.steps, step, workers)
     row = {**cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None,
            "resolved_device": str(device), "pin_memory_applied": pin, "pin_memory_note": note,
            "non_blocking": pin,
            "prefetch_factor_effective": (cfg.prefetch_factor or 2) if cfg.num_workers else None,
            "dataset_path": str(path), "dataset_generated": made, "dataset_generation_s": generation_s,
-           "dataset_bytes": datasets.dataset_bytes(path), "page_cache_evicted": evicted,
+           "dataset_bytes": datasets.dataset_bytes(path), **cache,
            **_loader_columns(cfg, loader_waits), **_step_columns(cfg, waits, totals)}
     stall = {"ceiling_step_time_s": math.nan, "ceiling_step_time_samples_s": [],
              "cached_step_time_s": math.nan, "cached_step_time_samples_s": []}

@@ -18,7 +18,8 @@ configurations and processes. Default cache: ``$PERFKIT_OUT/datasets``, else
 ``~/.cache/perfkit/datasets``. Generation writes a hidden ``.tmp-...`` sibling, fsyncs every file,
 writes ``dataset.json`` last and renames the folder into place (atomic on POSIX): a killed
 generation leaves only a temp folder, never a dataset that is reused, and the next generation
-removes temp folders whose process is gone.
+removes temp folders whose process is gone. What the page cache holds of a dataset, and asking
+the kernel to drop it: :mod:`perfkit.measuring.page_cache`.
 
 **Reading.** :class:`SampleDataset` and its per-format subclasses are ``torch.utils.data.Dataset``s
 returning one decoded float32 tensor per index. Each process opens its own handle (file, mmap,
@@ -56,7 +57,7 @@ from perfkit.core.durable import fsync_dir
 from perfkit.core.errors import BadInputError
 
 __all__ = ["FORMATS", "DECODE_CLOCKS", "DatasetSpec", "default_cache_dir", "ensure", "decode",
-           "evict_page_cache", "dataset_bytes", "reader", "sample_raw", "SampleDataset",
+           "dataset_bytes", "reader", "sample_raw", "SampleDataset",
            "FilesDataset", "MmapDataset", "ParquetDataset", "LmdbDataset", "MemoryDataset"]
 
 FORMATS = ("parquet", "lmdb", "files", "mmap")
@@ -258,22 +259,6 @@ def ensure(spec: DatasetSpec, cache_dir: str | Path | None = None) -> tuple[Path
 def dataset_bytes(path: Path) -> int:
     """Bytes the dataset's files take (as recorded at generation)."""
     return int(json.loads((Path(path) / _META).read_text())["bytes"])
-
-
-def evict_page_cache(path: str | Path) -> bool:
-    """Ask the kernel to drop the dataset's files from the page cache (``posix_fadvise``
-    ``DONTNEED``: clean pages only, no root needed), so the next reads come from storage.
-    False where the platform lacks it. Pages another process has mapped stay."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for file in Path(path).rglob("*"):
-        if file.is_file():
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-    return True
 
 
 # ---- decode -------------------------------------------------------------------------------------

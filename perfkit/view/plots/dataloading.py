@@ -22,7 +22,7 @@ _WORKLOAD = "dataloader"
 #: Settings that join the series label when they vary among the rows.
 _VARYING = ("decode_cost_s", "fetch_delay_s", "batch_size", "sample_bytes", "rows_per_group", "model",
             "step_compute_s", "decode_clock", "prefetch_factor_effective", "persistent_workers",
-            "start_method", "resolved_device")
+            "start_method", "resolved_device", *analysis.STORAGE_KEYS)
 _PART_COLORS = {"compute": "#4c78a8", "data wait": "#e45756", "ceiling (compute)": "#4c78a8",
                 "prep stall": "#f58518", "fetch stall": "#e45756"}
 
@@ -39,9 +39,14 @@ def _series(df: pd.DataFrame) -> pd.Series:
     if "pin_memory_applied" in df:  # the label says "pinned" where the loader pinned
         label = label + df["pin_memory_applied"].map({True: " pinned", False: ""}).fillna("")
     for col in _VARYING:
-        if col in df and df[col].astype(str).nunique() > 1:
-            label = label + f" {col}=" + df[col].astype(str)
+        if col in df and _text(df[col]).nunique() > 1:
+            label = label + f" {col}=" + _text(df[col])
     return label
+
+
+def _text(values: pd.Series) -> pd.Series:
+    # None (a storage condition not asked for) is a value of its own, not a missing one.
+    return values.map(lambda v: "none" if v is None or v != v else str(v))
 
 
 def _empty(what: str):
@@ -153,6 +158,9 @@ def recommendation_table(df: pd.DataFrame, *, rec: pd.DataFrame | None = None):
              "recommended_num_workers": "workers", "recommended_pin_memory": "pin_memory",
              "recommended_step_samples_per_s": "samples/s", "fraction_of_best": "of best",
              "recommended_bound": "bound", "best_num_workers": "best workers", "rows_compared": "rows"}
+    # The storage conditions that tell groups apart (cold or warm cache, where the data lay).
+    storage = {k: k for k in analysis.STORAGE_KEYS if k in rec and _text(rec[k]).nunique() > 1}
+    shown = {**dict(list(shown.items())[:3]), **storage, **dict(list(shown.items())[3:])}
     table = rec[[c for c in shown if c in rec]].rename(columns=shown).copy()
     for col in ("samples/s", "of best"):
         if col in table:
