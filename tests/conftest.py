@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO / "tests")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 )
 sys.path.insert(0, str(REPO / "tests"))
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a child that a test interrupts with SIGINT (Ctrl-C): its SIGINT back to
+    the default. A suite started from a background job (``make test &`` in a script) runs with
+    SIGINT ignored, every child inherits that across exec, and Python then installs no
+    KeyboardInterrupt handler: the Ctrl-C the test sends would be ignored and the test hang."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _is_controller(config) -> bool:

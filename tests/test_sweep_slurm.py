@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 import perfkit
+from conftest import sigint_default
 from perfkit.core.errors import BadInputError
 from perfkit.run.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
 from perfkit.run.sweep.slurm import _expand_ids
@@ -260,7 +261,7 @@ def _driver(spec: Path, out: Path, cluster: SlurmCluster, log: Path) -> subproce
            "--quiet", "--partition", cluster.partition, "--cpus-per-task", "1", "--time-limit-min", "5",
            "--sbatch-option", "comment=perfkit-test"]
     return subprocess.Popen(cmd, env=cluster.full_env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, preexec_fn=sigint_default)  # a test sends it Ctrl-C
 
 
 @pytest.mark.slow

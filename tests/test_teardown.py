@@ -21,6 +21,7 @@ import yaml
 
 import perfkit
 from perfkit.run import _teardown
+from conftest import sigint_default
 from perfkit.run.sweep import Ledger, expand, load_spec
 
 pytestmark = pytest.mark.slow
@@ -97,7 +98,8 @@ def test_ranks_end_with_their_launcher(hang, how):
     pid_dir, hang_file = hang
     marker, env = _marker_env()
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(pid_dir), str(hang_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_default if how == signal.SIGINT else None)
     try:
         _wait("both ranks running", lambda: _ranks_up(pid_dir) or proc.poll() is not None, RANKS_UP_WITHIN_S)
         assert proc.poll() is None, proc.stdout.read()
