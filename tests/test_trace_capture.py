@@ -162,3 +162,33 @@ def test_a_profiled_training_sweep_leaves_a_trace_per_configuration_and_rank_ana
             assert abs(row.trace_data_wait_share - sum_data / sum_all) <= 0.05
         assert row.trace_top_kernel  # a CPU trace: its top CPU op
     assert len(list((out / "traces").rglob("rank*.json.gz"))) == 1 + 1 + 2 + 2
+
+
+_PROFILE_TWICE = """
+import torch
+from perfkit.measuring.profiling import profile_op_times
+from perfkit.measuring.trace_capture import ProfileSettings, StepProfiler
+profile_op_times(torch.mm, torch.ones(8, 8), torch.ones(8, 8))
+import sys, tempfile
+with StepProfiler(ProfileSettings(wait=0, warmup=0, active=1), tempfile.mkdtemp() + "/t.json.gz", device="cpu") as p:
+    for _ in range(2):
+        torch.ones(4) @ torch.ones(4)
+        p.step()
+assert p.path is not None, p.reason
+print("profiled")
+"""
+
+
+@pytest.mark.parametrize("user_level", [None, "3"], ids=["default", "user-set"])
+def test_a_cpu_profile_prints_no_kineto_markers_unless_the_user_asks(user_level):
+    # Kineto's USDT lines ("profiler_start", "profiler_stop") went into every executed notebook.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    if user_level:
+        env["KINETO_LOG_LEVEL"] = user_level
+    out = subprocess.run([sys.executable, "-c", _PROFILE_TWICE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "profiled" in out.stdout, out.stderr
+    assert ("profiler_start" in out.stderr) == (user_level is not None), out.stderr

@@ -141,10 +141,13 @@ class StepProfiler:
             return self
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        from .profiling import quiet_kineto
+
         s = self.settings
         activities = [ProfilerActivity.CPU]
         if self.device == "cuda" and torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)  # ROCm's kernels come through the same activity
+        quiet_kineto(device_profiled=len(activities) > 1)
         self._prof = profile(
             activities=activities, record_shapes=s.record_shapes, with_stack=s.with_stack,
             schedule=schedule(skip_first=self.skip_steps, wait=s.wait, warmup=s.warmup, active=s.active, repeat=1),
