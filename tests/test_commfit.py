@@ -288,3 +288,37 @@ def test_bad_input():
         busbw_curve(pd.DataFrame({"alpha_s": [1.0]}))
     with pytest.raises(BadInputError, match="fit_alpha_beta frame"):
         predict(pd.DataFrame({"alpha_s": [1.0]}), [1.0])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0, -1024.0])
+def test_a_size_that_is_not_positive_and_finite_is_refused_by_name(bad):
+    # a size the α-β model cannot hold (S/β of no or negative bytes, a NaN that sorts anywhere):
+    # refused with the rows named, not a KeyError, nor a fit "resolved" with min_size_bytes < 0
+    rows = _sweep(1e-5, 1e9)
+    rows.loc[[0, 4], "size_bytes"] = bad
+    with pytest.raises(BadInputError, match=r"size_bytes.*positive finite.*2 rows.*\[0, 4\]"):
+        fit_alpha_beta(rows)
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1e-3, 0.0])
+def test_a_measured_time_that_is_not_positive_and_finite_is_refused_not_dropped(bad):
+    rows = _sweep(1e-5, 1e9)
+    rows.loc[3, "time_s"] = bad
+    with pytest.raises(BadInputError, match=r"time_s.*positive finite.*1 row.*\[3\]"):
+        fit_alpha_beta(rows)
+    sampled = _sampled(1e-5, 1e9, _SIZES)
+    sampled.at[2, "time_samples_s"] = [*sampled.at[2, "time_samples_s"][:-1], bad]
+    with pytest.raises(BadInputError, match=r"time_samples_s.*positive finite.*1 row.*\[2\]"):
+        fit_alpha_beta(sampled)
+
+
+def test_rows_that_did_not_measure_are_left_out_by_their_status():
+    # a failed or oom configuration leaves a row without a time: it measured nothing, so it is
+    # not part of the fit (and not an error); the same NaN on an ok row is one
+    rows = _sweep(1e-5, 1e9, status="ok")
+    want = fit_alpha_beta(rows)
+    failed = pd.concat([rows, rows.iloc[:2].assign(status="failed", time_s=math.nan, size_bytes=math.nan)],
+                       ignore_index=True)
+    pd.testing.assert_frame_equal(fit_alpha_beta(failed), want)
+    with pytest.raises(BadInputError, match=r"must be positive finite.*\[11, 12\]"):
+        fit_alpha_beta(failed.assign(status="ok"))

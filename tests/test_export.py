@@ -247,6 +247,7 @@ def test_tensorboard_runs_read_back_by_tensorboard(sweep, tmp_path):
     (["export", "{dir}", "--to", "mlflow", "{tmp}/x"], "takes no LOGDIR"),
     # nothing listens there: said at once, not after MLflow's minutes of retries
     (["export", "{dir}", "--to", "mlflow", "--tracking-uri", "http://127.0.0.1:{closed}"], "no MLflow tracking server answers"),
+    (["export", "{dir}", "--to", "mlflow", "--tracking-uri", "foo://x/y"], "unsupported URI"),  # no store for it
 ])
 def test_export_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
     (tmp_path / "empty").mkdir()
@@ -271,3 +272,48 @@ def test_export_without_the_extra_names_it(tmp_path, monkeypatch, capsys, target
     err = capsys.readouterr().err
     assert f"pip install 'perfkit[{extra}]'" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "dir" / "mlflow").exists() and not (tmp_path / "tb").exists()
+
+
+def _one_config(tmp_path) -> Path:
+    ctx = RunContext(results_path=tmp_path / "dir" / "results" / "c.parquet", config_id="c", params={"a": 1})
+    record({"time_s": 1.0}, context=ctx)
+    return tmp_path / "dir"
+
+
+@pytest.mark.parametrize("uri", ["file://{tmp}/mlruns", "{tmp}/mlruns", "mlruns"])
+def test_mlflow_file_store_is_refused_in_one_line_naming_the_ways_out(tmp_path, monkeypatch, capsys, uri):
+    # The store most teams' MLflow setups have (./mlruns): MLflow >= 3.7 refuses it unless opted
+    # in, and said so in a 36-line traceback with exit 1. One line, exit 2, before anything is written.
+    directory = _one_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert main(["export", str(directory), "--to", "mlflow", "--tracking-uri", uri.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    for way_out in ("sqlite:///", "http://", "mlflow server", "MLFLOW_ALLOW_FILE_STORE=true", "migrate-filestore"):
+        assert way_out in err, (way_out, err)
+    assert not (tmp_path / "mlruns").exists() and not (directory / "mlflow").exists()
+
+
+def test_mlflow_file_store_from_the_command_line_exits_2_without_a_traceback(tmp_path):
+    directory = _one_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+    done = subprocess.run([sys.executable, "-c", "import sys; from perfkit.cli import main; sys.exit(main())",
+                           "export", str(directory), "--to", "mlflow", "--tracking-uri", (tmp_path / "mlruns").as_uri()],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "MLFLOW_ALLOW_FILE_STORE" in done.stderr, done.stderr
+
+
+def test_mlflow_file_store_with_mlflows_own_opt_in_exports(tmp_path, monkeypatch, capsys):
+    directory = _one_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own switch: the user chose the file store
+    uri = (tmp_path / "mlruns").as_uri()
+    assert main(["export", str(directory), "--to", "mlflow", "--tracking-uri", uri]) == 0
+    assert "1 created" in capsys.readouterr().out
+    runs = mlflow.MlflowClient(tracking_uri=uri).search_runs(
+        [mlflow.MlflowClient(tracking_uri=uri).get_experiment_by_name("perfkit").experiment_id])
+    assert sorted(r.data.tags.get("perfkit.role") for r in runs) == ["configuration", "sweep"]
+    assert [r.data.metrics["time_s"] for r in runs if r.data.tags.get("perfkit.role") == "configuration"] == [1.0]
+    assert (tmp_path / "mlruns").is_dir() and not (directory / "mlflow").exists()

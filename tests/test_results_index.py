@@ -321,16 +321,17 @@ def test_a_file_replaced_while_the_index_reads_it_is_read_again(tmp_path, monkey
     # replaces the file meanwhile (write_rows renames a new file over it) leaves a signature that
     # no longer matches, so the new rows are read, never the old ones served as current.
     root = _folder(tmp_path)
-    real, replaced = pq.ParquetFile, []
+    real, replaced = os.fstat, []
 
-    def racing(source, *args, **kwargs):
-        if not replaced and getattr(source, "name", "").endswith("c005-train.parquet"):
-            replaced.append(source.name)
+    def racing(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if not replaced and name.endswith("c005-train.parquet"):  # open, its bytes not yet read
+            replaced.append(name)
             _train(root, 5, rows=4, scale=9.0)  # another process records while the index reads
-        return real(source, *args, **kwargs)
+        return real(fd)
 
     with monkeypatch.context() as m:
-        m.setattr(pq, "ParquetFile", racing)
+        m.setattr(os, "fstat", racing)
         results_index.refresh(root)
     assert replaced
     _check(root, monkeypatch, QUESTIONS[:1] + QUESTIONS[4:6])
@@ -367,3 +368,67 @@ def test_index_command_builds_refreshes_and_rebuilds(tmp_path, capsys):
     assert main(["index", str(tmp_path), "--rebuild"]) == 0
     assert "read 7 files" in capsys.readouterr().out
     assert main(["index", str(tmp_path / "missing")]) == 2
+
+
+def _rewrite_in_place(path, frame):
+    """``path``'s bytes replaced by those of ``frame`` in place (same inode), same size, mtime put
+    back (as `cp -p`, `rsync -t` or an editor keeping timestamps would): only ctime tells."""
+    tmp = path.with_name("tmp-" + path.name)
+    write_rows(frame, tmp)
+    new, st = tmp.read_bytes(), path.stat()
+    tmp.unlink()
+    assert len(new) == st.st_size and new != path.read_bytes()  # the precondition: a same-size rewrite
+    with open(path, "r+b") as fh:
+        fh.write(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _same_size(value):
+    return pd.DataFrame([{"config_id": "c000-x", "status": "ok", "tokens_per_s": value}])
+
+
+def _tick(probe):
+    """Wait for the filesystem's clock (the one writes stamp ctime with, coarser than ns) to move
+    past ``probe``'s ctime: a condition polled, not a duration assumed."""
+    since = probe.stat().st_ctime_ns
+    mark = probe.with_name("tick-probe")
+    while True:
+        mark.touch()
+        if mark.stat().st_ctime_ns > since:
+            return mark.unlink()
+
+
+def test_a_same_size_rewrite_in_place_with_mtime_restored_is_read_anew(tmp_path, monkeypatch, small_index):
+    path = tmp_path / "results" / "c000-x.parquet"
+    write_rows(_same_size(1111.0), path)
+    _tick(path)  # the file is older than the index built next: its (size, mtime, inode, ctime) is trusted
+    question = dict(columns=["tokens_per_s"], filters=[("status", "==", "ok")])
+    assert perfkit.load(path.parent.parent, **question)["tokens_per_s"].tolist() == [1111.0]
+    assert _manifest(tmp_path)["files"]["results/c000-x.parquet"][7] is None  # no digest: the signature alone
+    _rewrite_in_place(path, _same_size(2222.0))
+    assert perfkit.load(tmp_path, **question)["tokens_per_s"].tolist() == [2222.0]
+    assert perfkit.load(tmp_path)["tokens_per_s"].tolist() == [2222.0]
+
+
+class _Frozen:
+    """A stat whose times never move: a filesystem clock that does not tick during the test (the
+    rewrite lands within one timestamp tick of the index reading the file, as it can on any
+    filesystem: ext4 stamps with a clock of jiffies, some NFS and FAT with seconds)."""
+
+    def __init__(self, st):
+        self.st_size, self.st_ino, self.st_mtime_ns, self.st_ctime_ns = st.st_size, st.st_ino, 0, 0
+
+
+def test_a_same_size_rewrite_within_one_timestamp_tick_is_read_anew(tmp_path, monkeypatch, small_index):
+    signature = results_index._signature
+    monkeypatch.setattr(results_index, "_signature", lambda st: signature(_Frozen(st)))
+    path = tmp_path / "results" / "c000-x.parquet"
+    write_rows(_same_size(1111.0), path)
+    question = dict(columns=["tokens_per_s"], filters=[("status", "==", "ok")])
+    assert perfkit.load(tmp_path, **question)["tokens_per_s"].tolist() == [1111.0]
+    assert (tmp_path / INDEX_DIR / "manifest.json").exists()
+    _rewrite_in_place(path, _same_size(2222.0))
+    assert perfkit.load(tmp_path, **question)["tokens_per_s"].tolist() == [2222.0]
+    assert perfkit.load(tmp_path)["tokens_per_s"].tolist() == [2222.0]

@@ -26,6 +26,7 @@ from perfkit.analyse.trace_breakdown import (
 )
 from perfkit.analyse.trace_diff import trace_diff
 from perfkit.analyse.trace_events import read_trace
+from perfkit.analyse.trace_window import analysis_window
 from perfkit.core.errors import BadInputError
 
 REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"
@@ -184,8 +185,24 @@ def test_kernel_totals_equal_htas_kernel_breakdown(reference):
     theirs = theirs[theirs["name"] != "others"].assign(count=lambda d: d["sum (us)"] / d["mean (us)"])
     mine = top_kernels(paths, n=100_000).assign(**{"sum (us)": lambda d: d["total_time_s"] * 1e6})
     mine = mine[mine["kernel_type"].isin(["COMPUTATION", "COMMUNICATION", "MEMORY"])]
-    _side_by_side(f"{name} kernel totals", mine[["rank", "name", "sum (us)", "count"]],
-                  theirs[["rank", "name", "sum (us)", "count"]], ["rank", "name"], {"sum (us)": US, "count": 1e-6})
+    # HTA's table counts a kernel once more for every further host event carrying its correlation
+    # id (its join); top_kernels counts each event once. Per event, how often the join repeats it:
+    ran = pd.DataFrame([{"rank": w.rank, "name": w.ev.names[w.ev.name_id[i]], "dur": w.ev.dur_us[i], "n": n}
+                        for w in analysis_window(paths) for i, n in zip(*np.unique(w.dev, return_counts=True))])
+    repeated = set(ran.loc[ran["n"] > 1, "name"])
+    keys = ["rank", "name", "sum (us)", "count"]
+    _side_by_side(f"{name} kernel totals", mine.loc[~mine["name"].isin(repeated), keys],
+                  theirs.loc[~theirs["name"].isin(repeated), keys], ["rank", "name"], {"sum (us)": US, "count": 1e-6})
+    if repeated:  # HTA: the repeats summed; perfkit: what ran
+        ran = ran[ran["name"].isin(repeated)].assign(hta_us=lambda d: d["dur"] * d["n"])
+        g = ran.groupby(["rank", "name"], as_index=False).agg(**{
+            "sum (us)": ("hta_us", "sum"), "count": ("n", "sum"), "ran_us": ("dur", "sum"), "ran": ("n", "size")})
+        _side_by_side(f"{name} repeated kernels", g[keys], theirs.loc[theirs["name"].isin(repeated), keys],
+                      ["rank", "name"], {"sum (us)": US, "count": 1e-6})
+        got = mine.set_index(["rank", "name"]).loc[list(zip(g["rank"], g["name"]))]
+        assert got["count"].tolist() == g["ran"].tolist() and np.allclose(got["sum (us)"], g["ran_us"]), (got, g)
+    if name == "edge":  # its runtime call repeated with one id (without steps, HTA joins nothing)
+        assert repeated == {"reduce"}
     shares = top_kernels(paths, n=100_000).groupby("rank")["share"].sum()
     assert np.allclose(shares, 1.0), shares
 
@@ -381,3 +398,48 @@ def test_data_wait_counts_nested_spans_once_and_clips_to_the_step(tmp_path):
     waits = data_wait_share(_write(tmp_path / "t.json", {"traceEvents": events}))
     assert waits["step"].tolist() == [1, 2]  # #3, the last, is left out as HTA does
     assert np.allclose(waits["data_wait_time_s"], [10e-6, 30e-6]) and np.allclose(waits["data_wait_share"], [0.1, 0.3])
+
+
+# --- kernels that share a correlation id ------------------------------------------------------------
+
+def _shared_correlation_trace(folder: Path, *, nested_driver: bool = True) -> str:
+    """Three ProfilerSteps (the last left out); in each, ``aten::mm`` launches ``gemm`` through
+    ``cudaLaunchKernel`` with the driver's ``cuLaunchKernel`` inside it carrying the same
+    correlation id (two host events, one kernel: Kineto records both since pytorch/kineto#752),
+    and one ``cudaGraphLaunch`` runs three ``graph_node`` kernels under one id (one host event,
+    several kernels). Without ``nested_driver``: the same trace with no driver events."""
+    ev, t0 = [], 1_700_000_000_000_000
+    for step in (1, 2, 3):
+        base, corr = t0 + 1000 * (step - 1), 100 * step
+        ev.append(_x("user_annotation", f"ProfilerStep#{step}", base, 1000))
+        ev.append(_x("cpu_op", "aten::mm", base + 10, 50, **{"External id": corr}))
+        ev.append(_x("cuda_runtime", "cudaLaunchKernel", base + 20, 20, correlation=corr, **{"External id": corr}))
+        if nested_driver:
+            ev.append(_x("cuda_driver", "cuLaunchKernel", base + 25, 10, correlation=corr, **{"External id": corr}))
+        ev.append({**_x("kernel", "gemm", base + 100, 40, device=0, stream=7, correlation=corr), "pid": 0, "tid": 7})
+        ev.append(_x("cuda_runtime", "cudaGraphLaunch", base + 70, 15, correlation=corr + 1))
+        for node in range(3):
+            ev.append({**_x("kernel", "graph_node", base + 200 + 50 * node, 30, device=0, stream=7,
+                            correlation=corr + 1), "pid": 0, "tid": 7})
+    return _write(folder / f"shared_{nested_driver}.json", {"traceEvents": ev})
+
+
+def test_kernels_that_share_a_correlation_id_are_counted_once_per_run(tmp_path):
+    path = _shared_correlation_trace(tmp_path)
+    plain = _shared_correlation_trace(tmp_path, nested_driver=False)
+    # what ran in the window (steps 1 and 2): gemm twice, 40 µs each; graph_node six times, 30 µs each
+    top = top_kernels(path, n=10).set_index("name")
+    assert top.loc["gemm", "count"] == 2 and top.loc["gemm", "total_time_s"] == pytest.approx(80e-6)
+    assert top.loc["graph_node", "count"] == 6 and top.loc["graph_node", "total_time_s"] == pytest.approx(180e-6)
+    assert top["share"].sum() == pytest.approx(1.0)
+    pd.testing.assert_frame_equal(top_kernels(path, n=10), top_kernels(plain, n=10))  # the driver event changes nothing
+    summary = trace_diff(path, plain).table.set_index("name")
+    assert summary.loc["gemm", "control_count_per_step"] == 1.0 == summary.loc["gemm", "test_count_per_step"]
+    assert summary.loc["gemm", "control_time_per_step_s"] == pytest.approx(40e-6)
+    assert (summary["change"] == "same").all()
+    for device in ("gpu", "all"):
+        a, b = trace_diff(path, plain, device=device).table, trace_diff(plain, plain, device=device).table
+        assert a.set_index("name").loc["gemm"].equals(b.set_index("name").loc["gemm"]), device
+    # HTA's own quantities under HTA's names keep HTA's join (unions: unchanged by the repeat)
+    for key in ("temporal", "kernel_types", "overlap"):
+        pd.testing.assert_frame_equal(breakdowns(path)[key], breakdowns(plain)[key])

@@ -230,15 +230,19 @@ def fit_alpha_beta(
     ``n_sizes``, ``n_samples``, ``min_size_bytes``, ``max_size_bytes``, ``smallest_size_time_s``;
     ``spec_link_bytes_per_s`` and ``spec_link_source`` (``spec_link_bytes_per_s`` if given, else
     from ``device_col`` via :data:`perfkit.core.specs.SPEC_LINKS`, else NaN/None: unknown).
+
+    Rows whose ``status`` is not ``ok`` measured nothing and are left out. In the others, every
+    size, time and raw sample must be positive and finite: one that is not (a NaN size, a time of
+    0) raises :class:`BadInputError` naming the rows, never a fit that drops or sorts it silently.
     """
     missing = [c for c in (size_col, time_col) if c not in df.columns]
     if missing:
         raise BadInputError(f"fit_alpha_beta needs columns {missing}")
     by = [c for c in (DEFAULT_BY if by is None else by) if c in df.columns]
-    time = pd.to_numeric(df[time_col], errors="coerce")
-    data = df[np.isfinite(time) & (time > 0)]
+    data = df[df["status"] == "ok"] if "status" in df.columns else df
     if data.empty:
-        raise BadInputError(f"no rows with a positive finite {time_col}")
+        raise BadInputError(f"no rows with status ok and a positive finite {time_col} to fit")
+    _refuse_bad_values(data, size_col, time_col, samples_col)
     groups = data.groupby(by, sort=False, dropna=False) if by else [((), data)]
     rows = []
     for i, (key, g) in enumerate(groups):
@@ -259,6 +263,31 @@ def fit_alpha_beta(
             "spec_link_bytes_per_s": link, "spec_link_source": source,
         })
     return pd.DataFrame(rows, columns=[*by, *_FIT_COLUMNS])
+
+
+def _refuse_bad_values(data: pd.DataFrame, size_col: str, time_col: str, samples_col: str | None) -> None:
+    """BadInputError naming the rows whose size, time or a raw sample is not positive and finite:
+    S/β of no bytes, a NaN size (it sorts anywhere) or a time of 0 make a fit of garbage."""
+    def finite_positive(values) -> np.ndarray:
+        v = np.asarray(values, dtype=float).ravel()
+        return np.isfinite(v) & (v > 0)
+
+    def no_samples(x) -> bool:  # a row without raw samples: its time_s is the one measurement
+        return x is None or (np.ndim(x) == 0 and pd.isna(x))
+
+    bad = {c: data.index[~finite_positive(pd.to_numeric(data[c], errors="coerce"))].tolist()
+           for c in (size_col, time_col)}
+    if samples_col is not None and samples_col in data.columns:
+        bad[samples_col] = [i for i, x in zip(data.index, data[samples_col])
+                            if not no_samples(x) and not finite_positive(x).all()]
+    for col, rows in bad.items():
+        if rows:
+            shown = data.loc[rows[:5], col].tolist()
+            raise BadInputError(
+                f"fit_alpha_beta: {col} must be positive finite, but {len(rows)} "
+                f"{'row is' if len(rows) == 1 else 'rows are'} not (index {rows[:5]}{' …' if len(rows) > 5 else ''}: "
+                f"{shown}); the α-β model needs sizes of at least one byte and measured times: fix or drop "
+                f"those rows (rows whose status is not ok are left out)")
 
 
 def _factor(g: pd.DataFrame) -> float:

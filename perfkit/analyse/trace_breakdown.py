@@ -197,8 +197,8 @@ def breakdowns(traces, *, steps: tuple[int, int] | None = None) -> dict[str, pd.
 
 def _top_rows(rk: RankWindow, n: int) -> list[dict]:
     ev = rk.ev
-    if len(rk.dev):
-        rows, kind = rk.dev, "kernel"
+    if len(rk.ran):
+        rows, kind = rk.ran, "kernel"  # each GPU event once, however many host events carry its id
         denominator_s = float(ev.dur_us[rows].sum()) * 1e-6
     else:
         rows = rk.rows[np.isin(ev.cat_id[rk.rows], ev.ids_of(lambda s: s == "cpu_op"))]
@@ -220,9 +220,12 @@ def top_kernels(traces, n: int = 10, *, steps: tuple[int, int] | None = None) ->
     """Per rank, the ``n`` GPU activities with the most total time; CPU operators on a CPU-only trace.
 
     Columns: ``rank``, ``name``, ``kind`` (``kernel`` or ``cpu_op``), ``kernel_type`` (HTA's,
-    kernels only), ``count``, ``total_time_s``, ``share``. A kernel's share is of the summed time
-    of all GPU activity of the rank (the shares add to 1); a CPU operator's is of the window's
-    wall time (its ProfilerSteps), nested operators each counting their inclusive time.
+    kernels only), ``count`` (how many times it ran), ``total_time_s``, ``share``. A kernel's share
+    is of the summed time of all GPU activity of the rank (the shares add to 1); a CPU operator's
+    is of the window's wall time (its ProfilerSteps), nested operators each counting their
+    inclusive time. Each GPU event counts once: HTA's kernel table counts one again for every
+    further host event with its correlation id (a runtime call and the driver call inside it);
+    on traces without such ids the two agree.
     """
     if n < 1:
         raise BadInputError(f"top_kernels needs n >= 1, got {n}")

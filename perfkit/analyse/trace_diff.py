@@ -5,8 +5,10 @@ Each side is summarised over its analysis window (:mod:`perfkit.analyse.trace_wi
 default, all ProfilerSteps but the last, or ``steps=(a, b)``) by event name: how many times it
 ran and its summed duration, **per ProfilerStep** of the window, so that two traces with a
 different number of profiled steps compare fairly (a trace without ProfilerSteps counts as one
-step). With one step per side the figures are HTA's ``TraceDiff.compare_traces`` counts and
-``total_duration`` (``hta/trace_diff.py``), which compares one iteration of each trace.
+step). Each event counts once, as it ran. With one step per side the figures are HTA's
+``TraceDiff.compare_traces`` counts and ``total_duration`` (``hta/trace_diff.py``, one iteration
+of each trace), except for a GPU event whose correlation id several host events carry (a runtime
+call and the driver call inside it), which HTA's join on correlation counts once per host event.
 
 ``device`` selects the events as HTA's ``DeviceType``: ``"gpu"`` (stream other than -1:
 kernels, memcpy, memset), ``"cpu"`` (stream -1: operators, runtime calls, annotations) or
@@ -67,7 +69,7 @@ def ops_summary(trace, *, steps: tuple[int, int] | None = None, device: str = "g
     checks.one_of("device", device, _DEVICES)
     w = _window(trace, steps)
     ev = w.ev
-    rows = {"gpu": w.dev, "cpu": w.rows[ev.stream[w.rows] == -1], "all": w.rows}[device]
+    rows = {"gpu": w.ran, "cpu": w.rows[ev.stream[w.rows] == -1], "all": np.unique(w.rows)}[device]
     rows = rows[~np.isin(rows, w.step_rows())]  # the steps are the window, not an operation
     n_steps = max(len(w.step_rows()), 1)
     agg = (pd.DataFrame({"name_id": ev.name_id[rows], "dur": ev.dur_us[rows] * 1e-6})

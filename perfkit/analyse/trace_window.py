@@ -12,7 +12,10 @@ HTA 0.5.0 (``hta/common/trace.py``, ``trace_filter.py``, ``utils/utils.py``) is 
 - **Default window.** When the traces analysed together hold two or more distinct ProfilerStep
   names, the host events that start before the last ProfilerStep starts (the last step is left
   out: its GPU work may be cut off), and each GPU event once per kept host event with its
-  correlation (``Trace._filter_irrelevant_gpu_kernels``). Otherwise every event.
+  correlation (``Trace._filter_irrelevant_gpu_kernels``, an inner join on correlation). Otherwise
+  every event. The join repeats a GPU event whose id several host events carry (a runtime call
+  and the driver call inside it, ``cudaLaunchKernel`` > ``cuLaunchKernel``); HTA's breakdowns
+  keep the repeats (``RankWindow.dev``), counts of what ran take each event once (``ran``).
 - **Step window** ``steps=(a, b)``: the default window narrowed to ProfilerStep#a..#b: host
   events starting inside one of those host-side ProfilerStep spans, GPU events whose launch does
   (HTA's ``iteration``; HTA leaves GPU events on stream 0, every ROCm kernel, out of every
@@ -71,7 +74,9 @@ class RankWindow:
     def __init__(self, ev: TraceEvents, rows: np.ndarray, gpu: np.ndarray):
         self.ev, self.rank, self.rows, self.gpu = ev, ev.rank, rows, gpu
         self.dev = rows[ev.stream[rows] != -1]
-        """The window's GPU activity (stream other than -1)."""
+        """The window's GPU activity (stream other than -1), repeated as HTA's join repeats it."""
+        self.ran = np.unique(self.dev)
+        """The window's GPU activity, each event once: what ran, for counts and summed times."""
         self.types = np.array([kernel_type(n) for n in ev.names], dtype=object)
 
     def intervals(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,27 +1,23 @@
 """A derived index of a results folder: its rows compacted into a few Parquet parts, so one
 question over thousands of small results files opens a few parts instead of every footer.
 
-``DIR/.perfkit-index/`` (with an ``IGNORE_MARKER``: :func:`result_files` never reads it) holds
-``part-<uuid>.parquet`` files, each the rows of source files of one Arrow schema and units (no
-type is unified to write them) plus the column :data:`ID` (which file a row came from), in the
-files' listing order (a sweep names files by ``config_id``: ``config_id`` order, each file's rows
-in their order), row groups of up to ``_ROW_GROUP`` rows with statistics; and ``manifest.json``
-(atomic, :mod:`perfkit.core.durable`): :data:`FORMAT`, every source file covered with the
-``(size, mtime_ns, inode)`` of the bytes read (``fstat`` of the open file), its id, rows, part.
+``DIR/.perfkit-index/`` (an ``IGNORE_MARKER`` keeps :func:`result_files` out) holds parts, the
+rows of files of one Arrow schema and units plus the column :data:`ID` (the file a row came from)
+in listing order, and ``manifest.json`` (atomic): :data:`FORMAT` and, per file, the ``(size,
+mtime_ns, inode, ctime_ns)`` of the bytes read (``fstat`` of the open file), its id, part, rows.
 
-Derived, never trusted: :func:`plan` stats every listed file and serves from the index only the
-files whose signature matches (``write_rows`` renames a new file over the old: a new inode even
-within one mtime tick); new or changed files are read directly, rows of removed or changed ones
-masked out by ``ID``. Where the folder is writable, :func:`refresh` first folds changes in: new
-files' rows are *appended* as new parts (a sweep adding files between two questions costs what
-those files cost, not a rewrite), and a schema's parts are rewritten as one past ``_MAX_PARTS``
-of them or a quarter of dead rows. Another format, a damaged manifest, a missing or truncated
-part, a part whose rows or schema disagree: rebuild, else the plain scan, never an answer from
-it. Parts get unique names and are renamed into place before the manifest naming them; builders
-take an ``flock`` (busy: answer without folding); without locks (some network filesystems) the
-last manifest wins, each naming complete parts; a retired part is deleted ``_RETIRE_S`` later
-(readers of the older manifest have opened it), a stray one after ``_ORPHAN_S``. A read-only
-folder is scanned as it is; ``PERFKIT_NO_INDEX=1`` turns the index off.
+Derived, never trusted: :func:`plan` serves from the index only files whose signature matches;
+others are read directly, rows of removed or changed ones masked out by ``ID``. ``write_rows``
+renames a new file over the old (a new inode); a rewrite in place keeps inode and size and may
+restore the mtime (``cp -p``, ``rsync -t``), never the ctime. Timestamps tick coarsely (ext4:
+jiffies; NFS, FAT: up to seconds): a file whose ctime is not older than the filesystem's clock
+before the read (the lock touched) may be rewritten within that tick unseen, so its blake2b digest
+is kept and checked at each question (git's "racily clean" entries) until a fold finds it older.
+:func:`refresh` folds changes in where it can write: new files appended as parts, a schema's
+parts rewritten as one past ``_MAX_PARTS`` or a quarter dead. A damaged index is rebuilt, else the
+plain scan. Parts are renamed into place before the manifest; builders take an ``flock`` (none:
+the last manifest wins); retired parts go ``_RETIRE_S`` later, strays after ``_ORPHAN_S``. A
+read-only folder is scanned as it is; ``PERFKIT_NO_INDEX=1`` turns the index off.
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ __all__ = ["INDEX_DIR", "ID", "FORMAT", "NO_INDEX_ENV", "Plan", "Part", "plan", 
 
 INDEX_DIR = ".perfkit-index"
 ID = "__perfkit_file_id"
-FORMAT = 1
+FORMAT = 2
 NO_INDEX_ENV = "PERFKIT_NO_INDEX"
 _MANIFEST = "manifest.json"
 _ROW_GROUP, _ROW_GROUP_BYTES = 65_536, 64 << 20  # rows, or fewer where rows are big (bounds a build's memory)
@@ -80,11 +76,23 @@ class Plan:
     """numpy array: file id → listing position (-1: not current)."""
 
 
-def _signature(st: os.stat_result) -> tuple[int, int, int]:
-    return st.st_size, st.st_mtime_ns, st.st_ino
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
-def _stats(files: list[Path]) -> dict[Path, tuple[int, int, int]]:
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _current(e: list | None, f: Path, stats: dict) -> bool:
+    """Whether manifest entry ``e`` still describes ``f``: its signature, and its bytes where racy."""
+    try:
+        return e is not None and tuple(e[2:6]) == stats.get(f) and (e[7] is None or _digest(f.read_bytes()) == e[7])
+    except OSError:
+        return False
+
+
+def _stats(files: list[Path]) -> dict[Path, tuple[int, int, int, int]]:
     stats = {}
     for f in files:
         try:
@@ -113,15 +121,12 @@ def _load(index: Path) -> dict | None:
         ok = (m.get("format") == FORMAT and isinstance(m["next_id"], int)
               and all(isinstance(m[k], dict) for k in ("parts", "files", "retired"))
               and all(isinstance(p["key"], str) and isinstance(p["rows"], int) for p in m["parts"].values())
-              and all(len(e) == 6 and (e[1] is None or e[1] in m["parts"]) and 0 <= e[0] < m["next_id"]
-                      and all(isinstance(v, int) for v in (e[0], *e[2:])) for e in m["files"].values()))
+              and all(len(e) == 8 and (e[1] is None or e[1] in m["parts"]) and 0 <= e[0] < m["next_id"]
+                      and all(isinstance(v, int) for v in (e[0], *e[2:7])) and isinstance(e[7], (str, type(None)))
+                      for e in m["files"].values()))
         return m if ok else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-
-
-def _empty() -> dict:
-    return {"format": FORMAT, "next_id": 0, "parts": {}, "files": {}, "retired": {}}
 
 
 def _rel(directory: Path, f: Path) -> str:
@@ -133,13 +138,10 @@ def _changes(m: dict | None, directory: Path, files: list[Path], stats: dict) ->
     known = (m or {}).get("files", {})
     fresh, stale, listed = [], [], set()
     for f in files:
-        rel = _rel(directory, f)
-        listed.add(rel)
-        e = known.get(rel)
-        if e is None or f not in stats or tuple(e[2:5]) != stats[f]:
+        listed.add(rel := _rel(directory, f))
+        if not _current(e := known.get(rel), f, stats):
             fresh.append(f)
-            if e is not None:
-                stale.append(rel)
+            stale += [rel] if e is not None else []
     stale += [rel for rel in known if rel not in listed]
     return fresh, stale
 
@@ -188,8 +190,8 @@ def _plan(directory: Path, index: Path, m: dict, files: list[Path], stats: dict)
     direct, position = [], {}
     for i, f in enumerate(files):
         e = m["files"].get(_rel(directory, f))
-        if e is not None and e[1] is not None and f in stats and tuple(e[2:5]) == stats[f]:
-            by_part.setdefault(e[1], []).append((int(e[0]), i, int(e[5])))
+        if e is not None and e[1] is not None and _current(e, f, stats):
+            by_part.setdefault(e[1], []).append((int(e[0]), i, int(e[6])))
         else:
             direct.append(f)
             position[str(f)] = i
@@ -250,17 +252,20 @@ def refresh(directory: str | Path, files: list[Path] | None = None, stats: dict 
 
 def _refresh_locked(directory: Path, index: Path, files: list[Path], stats: dict, rebuild: bool) -> dict:
     started = time.perf_counter()
-    m = _load(index) or _empty()
+    os.utime(index / ".lock")  # the filesystem's clock now: the ctime a write would get
+    now = _signature(os.stat(index / ".lock"))[3]
+    m = _load(index) or {"format": FORMAT, "next_id": 0, "parts": {}, "files": {}, "retired": {}}
     retire: list[str] = []
     if rebuild:  # from scratch; the old parts are retired, ids keep counting up
         retire, m["parts"], m["files"] = list(m["parts"]), {}, {}
     fresh, stale = _changes(m, directory, files, stats)
-    fresh_rels = {_rel(directory, f) for f in fresh}
-    removed = sum(rel not in fresh_rels for rel in stale)
+    removed = len(set(stale) - {_rel(directory, f) for f in fresh})
     for rel in stale:
         del m["files"][rel]
+    for e in m["files"].values():  # racy entries just checked current: older than the clock now, trusted
+        e[7] = None if e[5] < now else e[7]
     position = {_rel(directory, f): i for i, f in enumerate(files)}
-    new_parts = _write_new(directory, index, m, fresh)
+    new_parts = _write_new(directory, index, m, fresh, now)
     rewritten = _compact(index, m, position, retire)
     _collect(index, m, retire)
     m["summary"] = {"files": len(files), "read": len(fresh), "changed": len(stale) - removed, "removed": removed,
@@ -272,18 +277,21 @@ def _refresh_locked(directory: Path, index: Path, files: list[Path], stats: dict
     return m
 
 
-def _read_source(f: Path):
+def _read_source(f: Path, now: int):
+    """(f, signature and digest of exactly the bytes read (``fstat`` of the open file), its table)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         with open(f, "rb") as fh:
-            sig = _signature(os.fstat(fh.fileno()))  # the signature of exactly the bytes read
-            try:
-                return f, sig, pq.ParquetFile(fh).read(use_threads=False)
-            except Exception:  # not Parquet: recorded as not indexed, read directly (the scan's error)
-                return f, sig, None
+            sig, data = _signature(os.fstat(fh.fileno())), fh.read()
     except OSError:  # gone since the listing
         return f, None, None
+    sig = [*sig, _digest(data) if sig[3] >= now else None]
+    try:
+        return f, sig, pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+    except Exception:  # not Parquet: recorded as not indexed, read directly (the scan's error)
+        return f, sig, None
 
 
 class _PartWriter:
@@ -302,9 +310,8 @@ class _PartWriter:
         if self.buffered + table.num_rows > _ROW_GROUP or self.bytes >= _ROW_GROUP_BYTES:
             self._flush()
         self.buffer.append(table)
-        self.buffered += table.num_rows
-        self.bytes += table.nbytes
-        self.rows += table.num_rows
+        n = table.num_rows
+        self.buffered, self.bytes, self.rows = self.buffered + n, self.bytes + table.nbytes, self.rows + n
 
     def _flush(self) -> None:
         import pyarrow as pa
@@ -328,18 +335,11 @@ class _PartWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def _with_id(table, file_id: int):
-    import pyarrow as pa
-
-    raw = (table.schema.metadata or {}).get(b"perfkit.units")
-    table = table.replace_schema_metadata({b"perfkit.units": raw} if raw else None)
-    return table.append_column(pa.field(ID, pa.int64()), pa.array([file_id] * table.num_rows, pa.int64()))
-
-
-def _write_new(directory: Path, index: Path, m: dict, fresh: list[Path]) -> int:
+def _write_new(directory: Path, index: Path, m: dict, fresh: list[Path], now: int) -> int:
     """Read ``fresh`` whole, in listing order, into one new part per schema; their manifest entries."""
     import concurrent.futures as cf
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     writers: dict[str, _PartWriter] = {}
@@ -347,25 +347,25 @@ def _write_new(directory: Path, index: Path, m: dict, fresh: list[Path]) -> int:
     try:
         with cf.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
             for start in range(0, len(fresh), _BATCH):
-                for f, sig, table in pool.map(_read_source, fresh[start:start + _BATCH]):
+                for f, sig, table in pool.map(_read_source, fresh[start:start + _BATCH], [now] * _BATCH):
                     file_id = m["next_id"]
                     m["next_id"] += sig is not None
                     if table is None:
                         if sig is not None:
-                            entries.append((_rel(directory, f), [file_id, None, *sig, 0]))
+                            entries.append((_rel(directory, f), [file_id, None, *sig[:4], 0, sig[4]]))
                         continue
-                    key = _key(table.schema)
-                    table = _with_id(table, file_id)
+                    key, raw = _key(table.schema), (table.schema.metadata or {}).get(b"perfkit.units")
+                    table = table.replace_schema_metadata({b"perfkit.units": raw} if raw else None).append_column(
+                        pa.field(ID, pa.int64()), pa.array([file_id] * table.num_rows, pa.int64()))
                     if key not in writers:
                         writers[key] = _PartWriter(index, table.schema)
                     writers[key].add(table)
-                    entries.append((_rel(directory, f), [file_id, key, *sig, table.num_rows]))
+                    entries.append((_rel(directory, f), [file_id, key, *sig[:4], table.num_rows, sig[4]]))
         names = {}
         for key, w in list(writers.items()):
             name = w.close()
             del writers[key]
-            back = pq.read_schema(index / name)  # a type that would not come back as written: not indexed
-            if _key(back) == key:
+            if _key(pq.read_schema(index / name)) == key:  # else a type that would not come back as written
                 names[key] = name
                 m["parts"][name] = {"key": key, "rows": w.rows}
             else:
@@ -391,7 +391,7 @@ def _compact(index: Path, m: dict, position: dict[str, int], retire: list[str]) 
     live: dict[str, list[tuple[int, str, int]]] = {}
     for rel, e in m["files"].items():
         if e[1] is not None:
-            live.setdefault(e[1], []).append((int(e[0]), rel, int(e[5])))
+            live.setdefault(e[1], []).append((int(e[0]), rel, int(e[6])))
     by_key: dict[str, list[str]] = {}
     for name, info in list(m["parts"].items()):
         if name not in live:

@@ -22,8 +22,10 @@ MLflow cannot take back a metric value already logged at a step), the others are
 The default tracking URI is a SQLite store under the folder (``DIR/mlflow/mlflow.db``, artifacts
 in ``DIR/mlflow/artifacts``): it works with nothing running, and ``mlflow ui --backend-store-uri
 sqlite:///DIR/mlflow/mlflow.db`` shows it. Any tracking URI MLflow accepts (``http://host:5000``,
-``databricks``, a database) works the same. MLflow's own file store (``./mlruns``) is deprecated
-as a tracking backend since MLflow 3.7 (mlflow/mlflow#18534), hence SQLite.
+``databricks``, a database) works the same. MLflow's own file store (``./mlruns``, ``file://``)
+is in maintenance mode since MLflow 3.7 (mlflow/mlflow#18534), hence SQLite: MLflow refuses it
+unless ``MLFLOW_ALLOW_FILE_STORE=true`` opts in (``mlflow/store/tracking/file_store.py``), so such
+a URI is refused here first, in one line naming the ways out (:func:`_file_store_refused`).
 """
 
 from __future__ import annotations
@@ -105,16 +107,41 @@ def export_mlflow(directory: str | Path, *, tracking_uri: str | None = None,
     if not experiment:
         raise BadInputError("--experiment needs a name")
     uri = tracking_uri or default_tracking_uri(directory)
+    _file_store_refused(uri)
     _reachable(uri)
     if uri.startswith("sqlite:///"):  # its artifacts (copies of the Parquet files) are not results
         artifacts = Path(uri[len("sqlite:///"):]).resolve().parent / "artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
         (artifacts / IGNORE_MARKER).touch()
-    client = MlflowClient(tracking_uri=uri)
+    try:
+        client = MlflowClient(tracking_uri=uri)
+    except MlflowException as exc:  # a URI MLflow opens no store for (an unknown scheme)
+        raise BadInputError(f"--tracking-uri {uri}: {str(exc).strip().splitlines()[0]}") from None
     try:
         return _export(client, uri, directory, configs, experiment)
     except MlflowException as exc:
         raise PerfkitError(f"MLflow at {uri}: {str(exc).splitlines()[0]}") from exc
+
+
+def _file_store_refused(uri: str) -> None:
+    """BadInputError where ``uri`` is a file store this MLflow refuses, as MLflow decides both: a
+    URI without a scheme or ``file:`` (``mlflow.utils.uri.get_uri_scheme``), and its opt-in."""
+    from mlflow.utils.uri import get_uri_scheme
+
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # an MLflow before the file store's maintenance mode (3.7) takes it
+        return
+    if get_uri_scheme(uri) not in ("", "file") or MLFLOW_ALLOW_FILE_STORE.get():
+        return
+    import mlflow
+
+    raise BadInputError(
+        f"--tracking-uri {uri} is an MLflow file store, which MLflow {mlflow.__version__} refuses (maintenance "
+        "mode since 3.7): use a database, e.g. the default (no --tracking-uri: sqlite:///DIR/mlflow/mlflow.db) "
+        "or --tracking-uri sqlite:///PATH/mlflow.db (`mlflow migrate-filestore --source ./mlruns --target "
+        "sqlite:///PATH/mlflow.db` moves existing runs there), a tracking server (mlflow server; --tracking-uri "
+        "http://host:5000), or MLflow's own opt-in for file stores: MLFLOW_ALLOW_FILE_STORE=true")
 
 
 def _reachable(uri: str) -> None:
