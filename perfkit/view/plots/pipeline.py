@@ -3,14 +3,16 @@
 Rows are training-step rows with ``parallelism == "pp"`` (:mod:`perfkit.measuring.pipeline`), reduced by
 :func:`perfkit.analyse.pipeline_bubble.bubble_table`. Measured bubbles are points, joined by a
 solid line; the prediction (Narayanan et al., SC'21, section 2.2) is a dashed line, absent where
-it has no closed form (the zero-bubble schedules).
+it has no closed form (the zero-bubble schedules). The hover splits a measured bubble into the
+schedule's part and the overhead between stage computations, and gives the row's reason when the
+step is too small for the bubble to be the schedule's (:mod:`perfkit.analyse.pipeline_bubble`).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from perfkit.analyse.pipeline_bubble import bubble_table
+from perfkit.analyse.pipeline_bubble import WORKLOAD_KEYS, bubble_table
 
 from ._common import hv_bokeh
 
@@ -20,7 +22,12 @@ __all__ = ["bubble_vs_microbatches"]
 def _series(table: pd.DataFrame) -> pd.Series:
     label = table["pp_schedule"].astype(str) + " p=" + table["world_size"].astype(int).astype(str)
     interleaved = table["stages_per_rank"].astype(int) > 1
-    return label.where(~interleaved, label + " v=" + table["stages_per_rank"].astype(int).astype(str))
+    label = label.where(~interleaved, label + " v=" + table["stages_per_rank"].astype(int).astype(str))
+    # Several workloads (a bubble depends on the microbatch's cost): name each one that differs.
+    varying = [c for c in WORKLOAD_KEYS if c in table and table[c].astype(str).nunique() > 1]
+    for column in varying:
+        label = label + f" {column.removesuffix('_size')}=" + table[column].astype(str)
+    return label
 
 
 def bubble_vs_microbatches(df: pd.DataFrame):
@@ -30,11 +37,16 @@ def bubble_vs_microbatches(df: pd.DataFrame):
     if table.empty:
         return hv.Div("<p>No pipeline rows (parallelism pp) with status ok.</p>")
     table = table.assign(series=_series(table), bubble_pct=100 * table["bubble_fraction"],
-                         predicted_pct=100 * table["bubble_fraction_predicted"].astype(float))
+                         predicted_pct=100 * table["bubble_fraction_predicted"].astype(float),
+                         schedule_pct=100 * table["bubble_schedule_fraction"].astype(float),
+                         overhead_pct=100 * table["bubble_overhead_fraction"].astype(float),
+                         reason=table["bubble_fraction_reason"].fillna("").astype(str))
     hover = [("schedule", "@series"), ("microbatches", "@n_microbatches"),
              ("measured bubble", "@bubble_pct{0.0} %"), ("predicted", "@predicted_pct{0.0} %"),
-             ("median step", "@step_time_s{0.0000} s")]
-    vdims = ["series", "predicted_pct", "step_time_s"]
+             ("of it, the schedule's", "@schedule_pct{0.0} %"),
+             ("of it, overhead (send/recv, per microbatch)", "@overhead_pct{0.0} %"),
+             ("median step", "@step_time_s{0.0000} s"), ("note", "@reason")]
+    vdims = ["series", "predicted_pct", "schedule_pct", "overhead_pct", "reason", "step_time_s"]
     elements = []
     for series, group in table.groupby("series", sort=True):
         group = group.sort_values("n_microbatches")
