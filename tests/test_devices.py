@@ -180,3 +180,42 @@ def test_detect_cpu():
     refs = devices.reference_ceilings(info)
     assert {r["origin"] for r in refs} == {"theoretical"}
     assert all(r["value"] > 0 for r in refs)
+
+
+# Which spec peak an MFU of each training precision divides by, per device: the peak of the
+# units its GEMMs run on. fp32 GEMMs on CDNA2/CDNA3 run on the matrix cores (MFMA: rocBLAS and
+# hipBLASLt sgemm), so fp32 MFU there uses the matrix fp32 figure of peaks.md; on NVIDIA, IEEE
+# fp32 runs on the CUDA cores (the fp32 figure) and tf32 on the tensor cores.
+@pytest.mark.parametrize("name, units, precision, key", [
+    ("AMD Instinct MI250X", 110, "fp32", "fp32_matrix"),
+    ("AMD Instinct MI250X / MI250", 110, "fp32", "fp32_matrix"),
+    ("AMD Instinct MI300X", None, "fp32", "fp32_matrix"),
+    ("AMD Instinct MI250X", 110, "bf16", "bf16"),
+    ("AMD Instinct MI300X", None, "fp8", "fp8"),
+    ("NVIDIA H100 80GB HBM3", None, "fp32", "fp32"),
+    ("NVIDIA H100 80GB HBM3", None, "tf32", "tf32"),
+    ("NVIDIA A100-SXM4-80GB", None, "bf16-pure", "bf16"),
+])
+def test_mfu_divides_by_the_peak_of_the_units_the_gemms_run_on(name, units, precision, key):
+    from perfkit.analyse import mfu
+
+    row = spec_peaks(name, compute_units=units)
+    assert row.mfu_peak_key(precision) == key
+    peak = mfu.peak_flop_per_s(device_kind="rocm" if "AMD" in name else "cuda", device_name=name,
+                               precision=precision, devices=2, compute_units=units)
+    assert peak.flop_per_s == pytest.approx(2 * row.flop_per_s[key]) and peak.reason is None
+    assert f"spec dense {key} peak" in peak.description
+
+
+def test_amd_fp32_mfu_is_of_the_matrix_peak_the_spec_sheet_gives(reference_dir):
+    ref = _reference_rows(reference_dir)
+    mi250x = next(cells for title, cells in ref.items() if title.startswith("MI250X"))
+    matrix = float(re.search(r"\(([\d.]+) matrix\)", mi250x[2]).group(1)) * 1e12  # 47.9
+    from perfkit.analyse import mfu
+
+    peak = mfu.peak_flop_per_s(device_kind="rocm", device_name="AMD Instinct MI250X", precision="fp32",
+                               devices=1, compute_units=110)
+    assert peak.flop_per_s == pytest.approx(matrix)  # not the 23.9 vector figure
+    mi300x = mfu.peak_flop_per_s(device_kind="rocm", device_name="AMD Instinct MI300X",
+                                 precision="fp32", devices=1)
+    assert mi300x.flop_per_s == pytest.approx(163.4e12)  # was NaN: only the matrix figure is known

@@ -56,12 +56,33 @@ def test_shards_are_the_largest_rank_ones_not_psi_over_n():
 
 
 def test_zero2_gathers_every_block_and_zero3_two_at_a_time():
+    # FSDP2 gathers into a buffer of the padded whole parameter beside the shard it keeps
+    # (measured on real ranks: tests/test_zero.py): 64 × 64 elements per block, not 64 × 32.
     blocks = [[(64, 64)]] * 4
     shapes = [s for b in blocks for s in b]
     kw = dict(precision="fp32", dp_size=2, block_param_shapes=blocks)
     z2 = mm.predict_model_state(shapes, parallelism="zero2", reshard_after_forward=False, **kw)
     z3 = mm.predict_model_state(shapes, parallelism="zero3", **kw)
-    assert z2.param_gather_bytes == 4 * 4 * 2048 and z3.param_gather_bytes == 4 * 2 * 2048
+    assert z2.param_gather_bytes == 4 * 4 * 4096 and z3.param_gather_bytes == 4 * 2 * 4096
+    odd = mm.predict_model_state([(5, 3)], precision="fp32", parallelism="zero3", dp_size=2,
+                                 block_param_shapes=[[(5, 3)]])
+    assert odd.param_gather_bytes == 4 * 6 * 3  # dim 0 padded to 6 rows
+
+
+def test_the_root_stays_gathered_in_the_gathered_dtype():
+    # GPT-2-small: the root (50257 × 768 token embedding and head, 1024 positions) is ≈ 11 blocks.
+    cfg = TrainConfig(model="transformer", parallelism="zero3", world_size=8, batch_size=8, seq_len=1024,
+                      model_size={"vocab_size": 50257, "d_model": 768, "n_heads": 12, "n_layers": 12})
+    model = mm._meta_model(workload_spec(cfg))
+    root = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks."))
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    assert 10 < root / block < 12
+    padded = lambda m: sum(-(-p.shape[0] // 8) * 8 * p[0].numel() for p in m.parameters())  # noqa: E731
+    assert mm.predict_for_config(cfg).param_gather_bytes == 4 * (
+        padded(model) - sum(padded(b) for b in model.blocks) + 2 * padded(model.blocks[0]))
+    bf16 = TrainConfig(**{**cfg.as_dict(), "fsdp_param_dtype": "bfloat16"})
+    assert mm.predict_for_config(bf16).param_gather_bytes == mm.predict_for_config(cfg).param_gather_bytes // 2
+    assert mm.predict_for_config(bf16).param_bytes == mm.predict_for_config(cfg).param_bytes  # fp32 shards
 
 
 def test_tensor_parallel_shapes_follow_the_megatron_plan():

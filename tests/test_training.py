@@ -309,3 +309,66 @@ def test_convnet_trains_in_process():
     assert row["status"] == "ok" and all(math.isfinite(x) for x in row["losses"])
     assert row["mfu"] > 0 and "3 × forward" in row["mfu_convention"]
     assert row["step_counted_flop"] > 0
+
+
+def _gpu_rank_result(cfg: TrainConfig, device_name: str, step_s: float) -> dict:
+    """What a rank of ``cfg`` on ``device_name`` would report, steps of ``step_s``: the row is
+    built by the real code (training._row) from it, so its MFU and dtype columns are the row's."""
+    from perfkit.measuring.train_config import workload_spec
+
+    work = workloads.build(workload_spec(cfg))
+    return {"rank": 0, "losses": [4.0, 3.9, 3.8, 3.7], "step_time_samples_s": [step_s] * 3,
+            "data_time_samples_s": [0.0] * 3, "trace_path": None, "trace_reason": None,
+            "peak_mem_bytes": 1, "peak_mem_kind": "cuda_max_allocated", "counted_flop": 0,
+            "collective_calls": None, "param_bytes": 1, "grad_bytes": 1, "optim_state_bytes": 1,
+            "activation_bytes_measured": math.nan, "uncounted_ops": [], "grad_scale": math.nan,
+            "matmul_dtype_counted": None,
+            "n_params": work.n_params, "n_params_non_embedding": work.n_params_non_embedding,
+            "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "device": "cuda", "device_kind": "cuda", "device_name": device_name,
+            "device_compute_units": None, "cpu_share": None}
+
+
+def test_fp32_with_bf16_fsdp_params_is_a_bf16_row_everywhere():
+    # FSDP2's MixedPrecisionPolicy(param_dtype=bf16) gathers bf16 weights and casts the forward
+    # inputs: every matmul of the step runs in bf16 although precision says fp32.
+    from perfkit.measuring import activations, memory_model, training
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    cfg = TrainConfig(**BASE, parallelism="zero3", world_size=2, fsdp_param_dtype="bfloat16")
+    bf16 = mfu.peak_flop_per_s(device_kind="cuda", device_name=h100, precision="bf16", devices=2)
+    model_flop = workloads.build(workloads.make_spec("transformer", **BASE["model_size"], seq_len=16)
+                                 ).flop_per_sample * BASE["batch_size"]
+    step_s = model_flop / (0.4 * bf16.flop_per_s)  # a step at 40 % of two H100s' bf16 peak
+    row = training._row(cfg, [_gpu_rank_result(cfg, h100, step_s)] * 2)
+    assert row["peak_flop_per_s"] == pytest.approx(bf16.flop_per_s)
+    assert row["mfu"] == pytest.approx(0.4)  # divided by the fp32 peak: 0.4 × 989.4 / 67 = 5.9
+    assert row["compute_dtype"] == "bf16" and "bf16 peak" in row["mfu_convention"]
+    # The predictions are of bf16 tensors too: activations as pure bf16, gathers at 2 bytes.
+    pure = TrainConfig(**BASE, parallelism="zero3", world_size=2, precision="bf16-pure")
+    assert row["activation_bytes_predicted"] == activations.activation_bytes(pure)[0]
+    assert row["param_gather_bytes_predicted"] == memory_model.predict_for_config(pure).param_gather_bytes
+    assert row["param_bytes_predicted"] == memory_model.predict_for_config(
+        TrainConfig(**BASE, parallelism="zero3", world_size=2)).param_bytes  # fp32 shards at rest
+
+
+@pytest.mark.parametrize("precision, param_dtype, compute", [
+    ("fp32", None, "fp32"), ("tf32", None, "tf32"), ("bf16", None, "bf16"), ("fp16", None, "fp16"),
+    ("bf16-pure", None, "bf16"), ("fp8", None, "fp8"), ("fp32", "bfloat16", "bf16"),
+    ("tf32", "float16", "fp16"), ("fp32", "float32", "fp32"), ("bf16", "float32", "bf16"),
+    ("bf16-pure", "bfloat16", "bf16"), ("fp8", "bfloat16", "fp8"),
+])
+def test_the_compute_dtype_is_derived_once_from_every_knob(precision, param_dtype, compute):
+    cfg = TrainConfig(**MLP, parallelism="zero3", world_size=2, precision=precision,
+                      fsdp_param_dtype=param_dtype)
+    assert cfg.compute_dtype == compute and cfg.as_row()["compute_dtype"] == compute
+
+
+@pytest.mark.parametrize("precision, param_dtype", [
+    ("bf16", "float16"), ("fp16", "bfloat16"), ("bf16", "bfloat16"), ("fp16", "float16"),
+    ("bf16-pure", "float32"), ("bf16-pure", "float16"),
+])
+def test_two_ways_to_pick_the_matmul_dtype_at_once_are_refused(precision, param_dtype):
+    with pytest.raises(BadInputError, match="fsdp_param_dtype"):
+        TrainConfig(**MLP, parallelism="zero3", world_size=2, precision=precision,
+                    fsdp_param_dtype=param_dtype)

@@ -20,11 +20,16 @@ MLP = {"model": "mlp", "batch_size": 32, "steps": 5, "warmup_steps": 1,
        "model_size": {"in_features": 64, "hidden_features": 64, "out_features": 64, "depth": 4}}
 GPT = {"model": "transformer", "batch_size": 8, "seq_len": 8, "steps": 5, "warmup_steps": 1,
        "model_size": {"vocab_size": 32, "d_model": 32, "n_heads": 4, "n_layers": 2}}
+# A vocabulary wide enough that the root (embeddings, head: what apply_fsdp keeps gathered from
+# forward through backward) outweighs a block, as GPT-2-small's root (~11 blocks) does.
+GPTW = {**GPT, "model_size": {**GPT["model_size"], "vocab_size": 256}}
 RUNS = {  # name: (base, parallelism, world_size, extra)
     "ddp": (MLP, "ddp", 2, {}), "zero1": (MLP, "zero1", 2, {}), "zero2": (MLP, "zero2", 2, {}),
     "zero3": (MLP, "zero3", 2, {}), "fsdp_tp": (MLP, "fsdp_tp", 4, {"tp_degree": 2}),
     "zero3-bf16-pure": (MLP, "zero3", 2, {"precision": "bf16-pure"}),
     "gpt-zero1": (GPT, "zero1", 2, {}), "gpt-fsdp_tp": (GPT, "fsdp_tp", 4, {"dp_degree": 2}),
+    "gpt-zero2": (GPTW, "zero2", 2, {}), "gpt-zero3": (GPTW, "zero3", 2, {}),
+    "gpt-zero3-bf16-params": (GPTW, "zero3", 2, {"fsdp_param_dtype": "bfloat16"}),
 }
 
 
@@ -83,7 +88,7 @@ def test_model_state_per_rank_matches_the_memory_model(rows, name):
         assert row[part] == pytest.approx(row[f"{part}_predicted"], rel=0.05), part
     assert row["activation_bytes_predicted"] > 0
     # What autograd held saved on the warm-up step (hooks on the real ranks), where measured.
-    if row["parallelism"] in ("none", "ddp", "zero1"):
+    if row["parallelism"] in ("none", "ddp", "zero1", "zero2", "zero3"):
         assert row["activation_bytes_measured_reason"] is None
         assert row["activation_bytes_measured"] == pytest.approx(row["activation_bytes_predicted"], rel=0.01)
     else:
@@ -97,3 +102,25 @@ def test_fsdp_tp_shards_over_both_mesh_dimensions(rows):
     assert (row["dp_size"], row["tp_size"]) == (2, 2)
     assert row["param_bytes"] == ddp["param_bytes"] / 4  # every layer is in a TP pair here
     assert "tensor parallel" in row["counted_flop_reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["zero2", "zero3", "zero3-bf16-pure", "gpt-zero2", "gpt-zero3",
+                                  "gpt-zero3-bf16-params"])
+def test_fsdp_holds_the_gathered_bytes_the_memory_model_predicts(rows, name):
+    # Measured on the ranks: the peak, over the warm-up step, of the unsharded parameter storages
+    # FSDP2 holds and its all-gathers in flight, sampled at every saved tensor's pack and unpack.
+    row = rows[name]
+    assert row["param_gather_bytes_measured"] > 0
+    assert row["param_gather_bytes_measured"] == pytest.approx(row["param_gather_bytes_predicted"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_fp32_with_bf16_gathers_computes_and_saves_bf16(rows):
+    row, fp32 = rows["gpt-zero3-bf16-params"], rows["gpt-zero3"]
+    assert (row["compute_dtype"], fp32["compute_dtype"]) == ("bf16", "fp32")
+    # What ran: the dtype of the matmul FLOP the counter saw on rank 0.
+    assert (row["matmul_dtype_counted"], fp32["matmul_dtype_counted"]) == ("bfloat16", "float32")
+    assert row["activation_bytes_measured"] == pytest.approx(row["activation_bytes_predicted"], rel=0.01)
+    assert row["activation_bytes_measured"] < 0.65 * fp32["activation_bytes_measured"]  # 16-bit, fp32 norm stats
+    assert row["param_gather_bytes_measured"] == pytest.approx(fp32["param_gather_bytes_measured"] / 2, rel=0.05)

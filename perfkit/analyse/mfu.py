@@ -12,7 +12,9 @@ peak. Both are NaN, with the reason, when the peak is unknown: an unknown GPU or
 has no theoretical peak for is never given another device's or dtype's numbers.
 
 Peaks: a GPU's spec-sheet dense peak (:func:`perfkit.core.specs.spec_peaks`, the exact part or
-unknown) × the ranks (one GPU each). A CPU's theoretical cores × clock × FLOP/cycle
+unknown) × the ranks (one GPU each), of the units the dtype's GEMMs run on
+(:meth:`perfkit.core.specs.SpecPeaks.mfu_peak_key`: CDNA's fp32 on the matrix cores).
+A CPU's theoretical cores × clock × FLOP/cycle
 (:func:`perfkit.core.devices.cpu_theoretical_peak`) of the physical cores the run had: per rank
 min(its threads, the physical cores of its affinity mask), summed over the ranks and capped at
 the physical cores of their CPUs (:func:`perfkit.core.cpu_share.run_cores`); never the whole
@@ -25,12 +27,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.specs import PRECISION_PEAK_KEY
+
 __all__ = ["Peak", "PEAK_DTYPE", "peak_flop_per_s", "flop_convention", "mfu_convention",
            "utilisation"]
 
-#: Which spec-sheet dtype a training precision runs its matmuls in.
-PEAK_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "bf16-pure": "bf16",
-              "fp16": "fp16", "fp8": "fp8"}
+#: Which spec-sheet dtype a training precision runs its matmuls in (a device's spec row may
+#: name other units for it: :meth:`perfkit.core.specs.SpecPeaks.mfu_peak_key`, CDNA's fp32 matrix).
+PEAK_DTYPE = PRECISION_PEAK_KEY
 
 _FLOP_CONVENTIONS = {
     "transformer": "PaLM 6N+12LHQT per token (N non-embedding, attention not halved for causal)",
@@ -101,6 +105,7 @@ def peak_flop_per_s(*, device_kind: str, device_name: str, precision: str, devic
     if row is None:
         return Peak(flop_per_s=math.nan, description="unknown", source=None,
                     reason=f"unknown device {device_name!r}: not in perfkit's spec table")
+    dtype = row.mfu_peak_key(precision)  # the units its GEMMs run on (CDNA fp32: matrix cores)
     if dtype not in row.flop_per_s:
         return Peak(flop_per_s=math.nan, description="unknown", source=row.source,
                     reason=f"the spec table has no dense {dtype} peak for {row.model}")

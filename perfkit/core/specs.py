@@ -3,6 +3,24 @@
 - :data:`SPEC_TABLE` holds dense (no sparsity) spec-sheet peaks, each entry with its source
   (``shared/reference/peaks.md``). A device that matches no entry is reported as *unknown*:
   never another GPU's numbers (the wrong-MFU bugs of other tools came from such fallbacks).
+- Which peak an MFU divides by (:meth:`SpecPeaks.mfu_peak_key`): the peak of the units the
+  precision's GEMMs run on. The spec key of the same name, except where a row says otherwise:
+
+  ======================== ======= ============ ====== ============ ====== ======
+  device                   fp32    tf32         bf16   bf16-pure    fp16   fp8
+  ======================== ======= ============ ====== ============ ====== ======
+  NVIDIA A100/H100/H200    fp32    tf32         bf16   bf16         fp16   fp8
+  AMD MI250X (per GCD)     fp32_m  (none)       bf16   bf16         fp16   (none)
+  AMD MI300X               fp32_m  (none)       bf16   bf16         fp16   fp8
+  ======================== ======= ============ ====== ============ ====== ======
+
+  (fp32_m: ``fp32_matrix``; a blank in the reference is unknown, NaN.) NVIDIA: IEEE fp32 GEMMs
+  run on the CUDA cores (the 19.5/67 TFLOP/s figure), tf32 on the tensor cores. CDNA2/CDNA3:
+  rocBLAS/hipBLASLt fp32 GEMMs run on the matrix cores (MFMA ``v_mfma_f32_*_f32``: MI250X 47.9
+  TFLOP/s per GCD, vector 23.9; MI300X 163.4, its vector figure not in the reference), so the
+  vector figure would overstate fp32 MFU up to 2×. torchtitan's ``get_peak_flops`` (and the
+  forks of it found) give bf16 peaks only (MI250X 191.5e12 per GCD, MI300X 1300e12), no fp32
+  convention to follow; no Primus source with one was found.
 - :data:`SPEC_LINKS` holds the per-direction link bandwidth (NVLink) an intra-node busbw can
   approach, by device-name pattern, with sources.
 """
@@ -13,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["SpecPeaks", "SPEC_TABLE", "SPEC_LINKS", "spec_peaks", "spec_ceilings", "spec_link"]
+__all__ = ["SpecPeaks", "PRECISION_PEAK_KEY", "SPEC_TABLE", "SPEC_LINKS", "spec_peaks", "spec_ceilings", "spec_link"]
 
 _T = 1e12  # spec sheets quote TFLOP/s and TB/s (10^12)
 
@@ -24,6 +42,12 @@ _A100_FLOP_PER_S = {
     "fp64": 9.7 * _T, "fp64_tensor": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T,
     "bf16": 312 * _T, "fp16": 312 * _T,
 }
+
+
+#: Which spec-sheet key a training precision (or compute dtype) runs its matmuls in, before a
+#: row's :attr:`SpecPeaks.matmul_keys` override (bf16-pure computes in bf16).
+PRECISION_PEAK_KEY = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "bf16-pure": "bf16",
+                      "fp16": "fp16", "fp8": "fp8"}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -49,6 +73,15 @@ class SpecPeaks:
     shared_name_pattern: str | None = None
     """A runtime name this part shares with other parts; it matches only when ``compute_units``
     confirms the part."""
+    matmul_keys: dict[str, str] = field(default_factory=dict)
+    """Per :data:`PRECISION_PEAK_KEY` key, the ``flop_per_s`` key of the units that dtype's GEMMs
+    run on where it is another one (CDNA: ``{"fp32": "fp32_matrix"}``)."""
+
+    def mfu_peak_key(self, precision: str) -> str | None:
+        """The ``flop_per_s`` key an MFU in ``precision`` divides by (module docstring's table);
+        None for a precision perfkit has no peak dtype for."""
+        key = PRECISION_PEAK_KEY.get(precision)
+        return self.matmul_keys.get(key, key)
 
 
 # Every value below is copied from shared/reference/peaks.md (dense, no sparsity); a blank there
@@ -121,6 +154,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
         pattern=r"\bMI250X\b(?!\s*/\s*MI250\b)",
         shared_name_pattern=r"\bMI250X\s*/\s*MI250\b",
         compute_units=110,
+        matmul_keys={"fp32": "fp32_matrix"},  # fp32 GEMMs run on the matrix cores (MFMA)
         flop_per_s={
             "fp64": 23.9 * _T, "fp64_tensor": 47.9 * _T, "fp32": 23.9 * _T,
             "fp32_matrix": 47.9 * _T, "bf16": 191.5 * _T, "fp16": 191.5 * _T,
@@ -134,6 +168,7 @@ SPEC_TABLE: tuple[SpecPeaks, ...] = (
     SpecPeaks(
         model="AMD Instinct MI300X",
         pattern=r"\bMI300X\b",
+        matmul_keys={"fp32": "fp32_matrix"},  # fp32 GEMMs run on the matrix cores (MFMA)
         flop_per_s={"fp32_matrix": 163.4 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T, "fp8": 2614.9 * _T},
         memory_bytes_per_s=5.3 * _T,
         memory_bytes=192e9,

@@ -8,7 +8,8 @@ element in fp32/tf32/fp8 and 2 in bf16-pure; norm statistics, logsumexp and the 
 inputs at 4, token indices at 8. Under bf16/fp16 autocast the residual stream stays fp32, and
 each Linear saves a 16-bit copy of its weight (when its input needs a gradient) and of an fp32
 input: 1.57× the plain 16-bit count for the default transformer, which this model once missed.
-With activation checkpointing each block keeps its input only, and one block's activations are
+FSDP2 gathering 16-bit weights under fp32/tf32 casts the inputs too: every activation is
+16-bit, as in bf16-pure. With activation checkpointing each block keeps its input only, and one block's activations are
 recomputed at a time in backward. Under ``pp`` a rank holds, at once, the saved bytes of the
 microbatches its stages have run forward and not yet backward, in the order the schedule runs
 them (:func:`perfkit.measuring.pipeline_stages.rank_actions`: GPipe all m, 1F1B p − r on rank r,
@@ -17,7 +18,8 @@ reason). Not counted: transient buffers (activation gradients in backward), the 
 receive buffers, the allocator's caching and fragmentation. ``convnet`` has no activation model.
 
 **Measured** (:class:`SavedActivationMeter`), the same way on every device: the peak of the bytes
-autograd holds saved over the last warm-up step (``activation_bytes_measured``; where it cannot,
+autograd holds saved over the last warm-up step, FSDP2's gathered parameters excluded
+(``activation_bytes_measured``; where it cannot,
 :func:`activation_measure_reason` says why). :mod:`perfkit.measuring.memory_model` puts both
 beside the model state.
 """
@@ -39,6 +41,17 @@ MODELLED = ("mlp", "transformer")
 def _element_bytes(precision: str) -> int:
     """Bytes per activation element: 16-bit under bf16/fp16 autocast and bf16-pure, else 4."""
     return 2 if precision in ("bf16", "fp16", "bf16-pure") else 4
+
+
+def _activation_precision(cfg) -> str | None:
+    """The precision whose accounting ``cfg``'s saved tensors follow: its own, except that FSDP2
+    gathering 16-bit weights under fp32/tf32 (:attr:`~perfkit.measuring.train_config.TrainConfig.compute_dtype`
+    bf16/fp16) casts the inputs too, so every activation is 16-bit without autocast's fp32
+    residual and weight copies: bf16-pure's. None: fp8 with 16-bit gathers, not modelled."""
+    gathered = cfg.compute_dtype in ("bf16", "fp16") and cfg.precision in ("fp32", "tf32")
+    if cfg.precision == "fp8" and cfg.fsdp_param_dtype in ("bfloat16", "float16"):
+        return None
+    return "bf16-pure" if gathered else cfg.precision
 
 
 def _saved_parts(spec, b: int, precision: str, tp: int) -> tuple[list[int], int, int]:
@@ -119,9 +132,13 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
     from perfkit.measuring.pipeline_stages import rank_actions
     from perfkit.measuring.train_config import workload_spec
 
-    spec, e = workload_spec(cfg), _element_bytes(cfg.precision)
+    spec, mode = workload_spec(cfg), _activation_precision(cfg)
     if spec.name not in MODELLED:
         return math.nan, f"no activation model for {spec.name} ({' and '.join(MODELLED)} have one)"
+    if mode is None:
+        return math.nan, (f"no activation model for fp8 with fsdp_param_dtype {cfg.fsdp_param_dtype} "
+                          "(torchao's casts beside 16-bit gathers)")
+    e = _element_bytes(mode)
     if cfg.parallelism == "pp":
         b = cfg.batch_size // cfg.n_microbatches if batch_per_rank is None else batch_per_rank
         if rank_actions(cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, cfg.n_microbatches, 0) is None:
@@ -130,7 +147,7 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
                               "microbatch count); activation_bytes_measured has the real peak")
         return max(pipeline_rank_bytes(cfg, spec, b)), None
     b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
-    blocks, stem, head = _saved_parts(spec, b, cfg.precision, cfg.tp_size)
+    blocks, stem, head = _saved_parts(spec, b, mode, cfg.tp_size)
     if not cfg.activation_checkpointing:
         return float(sum(blocks) + stem + head), None
     if spec.name == "mlp":
@@ -139,7 +156,7 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
         return float(sum(blocks) + recomputed + head), None
     # Checkpointed: every block's input (fp32 under autocast), and one block recomputed (its
     # input counted once).
-    btd_x = b * spec.seq_len * spec.d_model * (4 if cfg.precision in ("bf16", "fp16") else e)
+    btd_x = b * spec.seq_len * spec.d_model * (4 if mode in ("bf16", "fp16") else e)
     return float(spec.n_layers * btd_x + blocks[0] - btd_x + stem + head), None
 
 
@@ -155,18 +172,19 @@ def activation_measure_reason(cfg) -> str | None:
         return "not measured under torch.compile (compiled graphs save tensors below the hooks)"
     if cfg.activation_checkpointing:
         return "not measured with activation checkpointing (its recomputation installs its own hooks)"
-    if cfg.parallelism not in ("none", "ddp", "zero1", "pp"):
-        return (f"not measured under {cfg.parallelism} (gathered FSDP2 parameters and DTensor "
-                "shards are saved like activations)")
+    if cfg.parallelism not in ("none", "ddp", "zero1", "zero2", "zero3", "fsdp", "pp"):
+        return (f"not measured under {cfg.parallelism} (DTensor shards of tensor parallel are "
+                "saved like activations)")
     return None
 
 
-def step_meter(cfg, step: int, params):
+def step_meter(cfg, step: int, params, gathered=None):
     """A :class:`SavedActivationMeter` for training step ``step`` of ``cfg`` when it is the step
     measured (the last warm-up step, where :func:`activation_measure_reason` allows), else a
-    null context: ``with step_meter(...) as meter:``, then ``meter`` is None or has the peak."""
+    null context: ``with step_meter(...) as meter:``, then ``meter`` is None or has the peak.
+    ``gathered``: see :class:`SavedActivationMeter`."""
     if step == cfg.warmup_steps - 1 and activation_measure_reason(cfg) is None:
-        return SavedActivationMeter(params)
+        return SavedActivationMeter(params, gathered)
     return contextlib.nullcontext()
 
 
@@ -187,12 +205,20 @@ class SavedActivationMeter:
     (``peak_bytes``): distinct storages (a tensor saved twice, or views of one storage, count
     once), the given parameters' storages excluded. ``with meter:`` installs
     ``torch.autograd.graph.saved_tensors_hooks`` (thread-local) around forward passes; a saved
-    tensor counts until autograd drops it (backward frees the graph)."""
+    tensor counts until autograd drops it (backward frees the graph).
 
-    def __init__(self, params):
-        self._params = {p.untyped_storage().data_ptr() for p in params}
+    ``gathered`` (FSDP2: :func:`perfkit.measuring.memory_model.fsdp_gathered` of the model), called
+    at every pack and unpack, returns (bytes of unsharded parameters held now, their storage
+    pointers): those storages are parameters, not activations, and the peak of the bytes over
+    the samples is ``gather_peak_bytes`` (0 without FSDP2)."""
+
+    def __init__(self, params, gathered=None):
+        # FSDP2's sharded parameters are DTensors: their local shards' storages.
+        self._params = {(p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
+                        for p in params}
         self._live: dict[int, list[int]] = {}  # storage pointer -> [bytes, saved references]
-        self.now_bytes = self.peak_bytes = 0
+        self.now_bytes = self.peak_bytes = self.gather_peak_bytes = 0
+        self._gathered = gathered
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def __enter__(self):
@@ -202,10 +228,17 @@ class SavedActivationMeter:
     def __exit__(self, *exc):
         return self._hooks.__exit__(*exc)
 
+    def _sample(self) -> set[int]:
+        if self._gathered is None:
+            return set()
+        held, ptrs = self._gathered()
+        self.gather_peak_bytes = max(self.gather_peak_bytes, held)
+        return ptrs
+
     def _pack(self, tensor: torch.Tensor):
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr == 0 or ptr in self._params:
+        if ptr in self._sample() or ptr == 0 or ptr in self._params:
             return tensor
         entry = self._live.setdefault(ptr, [storage.nbytes(), 0])
         if entry[1] == 0:
@@ -214,8 +247,8 @@ class SavedActivationMeter:
         entry[1] += 1
         return _Held(tensor, self, ptr)
 
-    @staticmethod
-    def _unpack(held):
+    def _unpack(self, held):
+        self._sample()  # in backward: the block computing and the one prefetched
         return held.tensor if isinstance(held, _Held) else held
 
     def _release(self, ptr: int) -> None:

@@ -23,7 +23,11 @@ splits the planned projections (``model.tp_plan()``). What is predicted is what 
 **between steps**. FSDP2 (``zero2``, ``zero3``, ``fsdp``) keeps sharded parameters at rest even
 in ZeRO-2 and gathers them during the step: ``param_gather_bytes`` is that transient (zero2:
 every block's unsharded parameters from its forward to its backward; zero3: two blocks', the
-one computing and the one prefetched).
+one computing and the one prefetched), plus the root's (embeddings, norms, head: ``apply_fsdp``
+keeps them gathered from forward through backward), each at its padded size and in FSDP2's
+``param_dtype`` (16-bit gathers are the compute dtype, :attr:`TrainConfig.compute_dtype`).
+Measured (``param_gather_bytes_measured``, :func:`fsdp_gathered`): the peak of FSDP2's
+unsharded buffers and in-flight all-gathers over the warm-up step.
 
 **Activations** are :mod:`perfkit.measuring.activations`' (predicted from the shapes, and
 measured with saved-tensor hooks); :func:`predicted_max_batch` and :func:`row_columns` use them.
@@ -47,11 +51,13 @@ from perfkit.core.errors import BadInputError
 from perfkit.measuring import activations
 
 __all__ = ["BYTES_PER_PARAM", "ModelState", "predict_model_state", "local_param_shapes",
-           "predict_for_config", "measured_model_state", "predicted_max_batch", "row_columns"]
+           "predict_for_config", "measured_model_state", "fsdp_gathered", "predicted_max_batch", "row_columns"]
 
 #: precision -> bytes per parameter element of (parameter, gradient, AdamW state).
 BYTES_PER_PARAM = {"fp32": (4, 4, 8), "tf32": (4, 4, 8), "fp8": (4, 4, 8), "bf16": (4, 4, 8),
                    "fp16": (4, 4, 8), "bf16-pure": (2, 2, 4)}
+#: FSDP2 ``param_dtype`` -> bytes per gathered element (the compute dtype's: TrainConfig.compute_dtype).
+_GATHER_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _STEP_BYTES = 4  # AdamW's `step`: an fp32 scalar tensor per parameter (not capturable/fused)
 #: parallelism -> what it shards over the data-parallel ranks between steps.
 _SHARDED = {"none": set(), "ddp": set(), "tp": set(), "zero1": {"optim"},
@@ -95,10 +101,14 @@ def _zero1_max_share(numels: Sequence[int], n: int) -> tuple[int, int]:
 
 def predict_model_state(param_shapes: Sequence[Sequence[int]], *, precision: str,
                         parallelism: str, dp_size: int, reshard_after_forward: bool = True,
-                        block_param_shapes: Sequence[Sequence[Sequence[int]]] = ()) -> ModelState:
+                        block_param_shapes: Sequence[Sequence[Sequence[int]]] = (),
+                        root_param_shapes: Sequence[Sequence[int]] = (),
+                        gather_bytes: int | None = None) -> ModelState:
     """Model state per rank for parameters of ``param_shapes`` (each as this rank holds it
     before data-parallel sharding, i.e. after tensor parallel). ``block_param_shapes`` (the
-    shapes of each block's parameters) sizes FSDP2's transient gathers."""
+    shapes of each block's parameters) and ``root_param_shapes`` (the rest: embeddings, norms,
+    head) size FSDP2's transient gathers, at ``gather_bytes`` per element (FSDP2's
+    ``param_dtype``; None: the parameters' own)."""
     checks.one_of("precision", precision, sorted(BYTES_PER_PARAM))
     checks.one_of("parallelism", parallelism, sorted(_SHARDED))
     if dp_size < 1:
@@ -113,14 +123,19 @@ def predict_model_state(param_shapes: Sequence[Sequence[int]], *, precision: str
         optim_elems, optim_tensors = sum(fsdp if sharded else full), len(full)
     gather = 0
     if "param" in sharded:
-        blocks = [sum(math.prod(s) - _fsdp_shard(s, dp_size) for s in b) for b in block_param_shapes]
-        if blocks:
-            gather = sum(blocks) if not reshard_after_forward else sum(sorted(blocks)[-2:])
+        # FSDP2 gathers each parameter into a buffer of its padded size (dim 0 rounded up to a
+        # multiple of the ranks), beside the shard it keeps: the whole buffer is extra.
+        padded = lambda shapes: sum(_fsdp_shard(s, dp_size) * dp_size for s in shapes)  # noqa: E731
+        blocks = [padded(b) for b in block_param_shapes]
+        # apply_fsdp keeps the root gathered from its forward to the end of backward; blocks:
+        # all (zero2), or the one computing and the one prefetched (zero3).
+        gather = padded(root_param_shapes) + (sum(sorted(blocks)[-2:]) if reshard_after_forward
+                                              else sum(blocks))
     return ModelState(
         param_bytes=p_bytes * sum(fsdp if "param" in sharded else full),
         grad_bytes=g_bytes * sum(fsdp if "grad" in sharded else full),
         optim_state_bytes=o_bytes * optim_elems + _STEP_BYTES * optim_tensors,
-        param_gather_bytes=p_bytes * gather)
+        param_gather_bytes=(gather_bytes or p_bytes) * gather)
 
 
 def local_param_shapes(model: nn.Module, tp_size: int) -> list[tuple[int, ...]]:
@@ -161,9 +176,12 @@ def predict_for_config(cfg) -> ModelState:
         shapes = dict(zip((n for n, _ in model.named_parameters()), local_param_shapes(model, cfg.tp_size)))
         blocks = [[shapes[f"blocks.{i}.{n}"] for n, _ in b.named_parameters()]
                   for i, b in enumerate(model.blocks)]
-    return predict_model_state(local_param_shapes(model, cfg.tp_size), precision=cfg.precision,
+    local = dict(zip((n for n, _ in model.named_parameters()), local_param_shapes(model, cfg.tp_size)))
+    root = [shape for name, shape in local.items() if not name.startswith("blocks.")]
+    return predict_model_state(list(local.values()), precision=cfg.precision,
                                parallelism=cfg.parallelism, dp_size=cfg.dp_size,
-                               reshard_after_forward=cfg.reshard, block_param_shapes=blocks)
+                               reshard_after_forward=cfg.reshard, block_param_shapes=blocks,
+                               root_param_shapes=root, gather_bytes=_GATHER_BYTES.get(cfg.fsdp_param_dtype))
 
 
 def _pipeline_rank_shapes(cfg, model: nn.Module) -> list[list[tuple[int, ...]]]:
@@ -193,6 +211,28 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _tensor_bytes(tensors) -> int:
     return sum(_local(t).numel() * _local(t).element_size() for t in tensors
                if isinstance(t, torch.Tensor))
+
+
+def fsdp_gathered(model: nn.Module) -> tuple[int, set[int]]:
+    """(bytes, storage pointers) of the parameters FSDP2 holds unsharded in ``model`` now: each
+    parameter's all-gather output while allocated (FSDP2 frees it by resizing its storage to 0
+    on reshard) and the flat buffer of every all-gather in flight (a prefetch). Reads FSDP2's
+    state (``torch.distributed.fsdp._fully_shard``); (0, set()) without FSDP2."""
+    held, ptrs = 0, set()
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None)
+        if group is None:
+            continue
+        pending = getattr(group, "_all_gather_result", None)
+        buffers = [pending.all_gather_output] if pending is not None else []
+        buffers += [t for p in group.fsdp_params for t in getattr(p, "all_gather_outputs", ())]
+        for t in buffers:
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                held += storage.nbytes()
+                ptrs.add(storage.data_ptr())
+    return held, ptrs
 
 
 def measured_model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> ModelState:
@@ -271,4 +311,6 @@ def row_columns(cfg, rank_results: list[dict]) -> dict:
         "activation_bytes_measured": _max_or_nan([r.get("activation_bytes_measured", math.nan)
                                                    for r in rank_results]),
         "activation_bytes_measured_reason": activations.activation_measure_reason(cfg),
+        "param_gather_bytes_measured": _max_or_nan([r.get("param_gather_bytes_measured", math.nan)
+                                                    for r in rank_results]),
     }

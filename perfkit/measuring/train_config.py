@@ -19,7 +19,7 @@ from perfkit.core import checks, precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring import parallel, pipeline_stages, workloads
 
-__all__ = ["TrainConfig", "check_params", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
+__all__ = ["TrainConfig", "check_params", "compute_dtype_of", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp8")
 #: Precisions of the pipeline step (autocast around each stage's forward, no GradScaler).
@@ -84,7 +84,8 @@ class TrainConfig:
     the stage's (True for zero3/fsdp/fsdp_tp, False for zero2); zero2 with True or zero3 with
     False is rejected (``fsdp`` and ``fsdp_tp`` take either). Ignored without FSDP2."""
     fsdp_param_dtype: str | None = None
-    """FSDP2 mixed precision: dtype of the gathered parameters (``bfloat16``, ...)."""
+    """FSDP2 mixed precision: dtype of the gathered parameters (``bfloat16``, ...). 16-bit under
+    fp32/tf32 makes the matmuls 16-bit (:attr:`compute_dtype`); refused beside autocast."""
     fsdp_reduce_dtype: str | None = None
     """FSDP2 mixed precision: dtype of the gradient reduce-scatter."""
     steps: int = 5
@@ -152,6 +153,7 @@ class TrainConfig:
         if ((self.fsdp_param_dtype or self.fsdp_reduce_dtype)
                 and self.parallelism not in parallel.FSDP_FAMILY):
             raise BadInputError(f"fsdp_param_dtype/fsdp_reduce_dtype apply to {parallel.FSDP_FAMILY} only")
+        compute_dtype_of(self.precision, self.fsdp_param_dtype)  # refuses two dtype choices at once
         if not self.lr > 0 or (self.address_space_headroom_bytes or 1) < 1:
             raise BadInputError("lr and address_space_headroom_bytes must be positive")
         if not self.data_delay_s >= 0:
@@ -184,6 +186,12 @@ class TrainConfig:
             return self.reshard_after_forward
         return self.parallelism != "zero2"
 
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the step's matmuls run in (:func:`compute_dtype_of`): MFU's peak, the
+        activation model, FSDP2's gather bytes and the ``compute_dtype`` column all use it."""
+        return compute_dtype_of(self.precision, self.fsdp_param_dtype)
+
     def _layout(self) -> tuple[int, int]:
         """(dp, tp) ranks; raises BadInputError when dp_degree/tp_degree contradict the parallelism."""
         p, n, dp, tp = self.parallelism, self.world_size, self.dp_degree, self.tp_degree
@@ -215,6 +223,7 @@ class TrainConfig:
         checks.one_of("pp_schedule", self.pp_schedule, tuple(pipeline_bubble.SCHEDULES))
         for name in ("n_microbatches", "stages_per_rank"):
             checks.integer_at_least(name, getattr(self, name), 1)
+        pipeline_bubble.check_schedule(self.pp_schedule, self.stages_per_rank)  # v it can hold
         checks.seconds_at_least_zero("stage_delay_s", self.stage_delay_s)
         # What the pipeline step (perfkit.measuring.pipeline) does not do: each a clear refusal.
         unsupported = {"precision": self.precision not in PP_PRECISIONS, "compile": self.compile,
@@ -234,7 +243,39 @@ class TrainConfig:
         row = self.as_dict()
         row.update({f"model_{k}": json.dumps(v) if isinstance(v, (list, tuple)) else v
                     for k, v in row.pop("model_size").items()})
+        row["compute_dtype"] = self.compute_dtype
         return row
+
+
+def compute_dtype_of(precision_name: str, fsdp_param_dtype: str | None) -> str:
+    """The matmul dtype of a step of ``precision_name`` with FSDP2's ``fsdp_param_dtype``, as a
+    :data:`~perfkit.core.specs.PRECISION_PEAK_KEY` name (``fp32``, ``tf32``, ``bf16``, ``fp16``,
+    ``fp8``); :class:`BadInputError` where two knobs each pick it.
+
+    FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` gathers the weights in that dtype and casts
+    each sharded module's floating-point forward inputs to it (``cast_forward_inputs``), so fp32
+    and tf32 steps with 16-bit gathers compute in 16 bits, as torchtitan trains (fp32 shards,
+    bf16 compute; the fp32 matmul mode then has no matmul left to act on). fp8 stays fp8: torchao
+    casts each Linear's operands itself, whatever the gathered dtype. Refused: 16-bit gathers
+    under bf16/fp16 autocast (autocast re-casts every gathered weight, so two knobs fight over
+    the matmul dtype and over which copies are saved: choose precision fp32 with
+    fsdp_param_dtype, or autocast alone), and bf16-pure gathered in another dtype (it would not
+    be bf16-pure).
+    """
+    own = {"bf16-pure": "bf16"}.get(precision_name, precision_name)
+    parallel.dtype_from_name(fsdp_param_dtype)  # a dtype perfkit knows, or BadInputError
+    gathered = {"bfloat16": "bf16", "float16": "fp16"}.get(fsdp_param_dtype)
+    if precision_name == "bf16-pure" and fsdp_param_dtype not in (None, "bfloat16"):
+        raise BadInputError(f"precision bf16-pure with fsdp_param_dtype {fsdp_param_dtype!r}: "
+                            "bf16-pure gathers its bf16 weights as they are; leave fsdp_param_dtype None")
+    if precision_name in ("bf16", "fp16") and gathered is not None:
+        raise BadInputError(f"precision {precision_name} (autocast) with fsdp_param_dtype "
+                            f"{fsdp_param_dtype!r}: two knobs pick the matmul dtype; use precision "
+                            f"fp32 with fsdp_param_dtype {fsdp_param_dtype!r} (FSDP2 mixed "
+                            f"precision) or precision {precision_name} alone")
+    if precision_name in ("fp32", "tf32") and gathered is not None:
+        return gathered
+    return own
 
 
 def check_params(params: Mapping[str, object]) -> None:

@@ -10,7 +10,8 @@ reassociation).
 
 The row (``workload = "train_step"``) holds the step time (median, IQR, raw samples), samples/s
 and tokens/s, peak memory, the loss trajectory, and MFU beside the counted-FLOP utilisation
-(:mod:`perfkit.analyse.mfu`; the convention in ``mfu_convention``). The counted FLOP come from
+(:mod:`perfkit.analyse.mfu`; the convention in ``mfu_convention``), of the peak of the row's
+``compute_dtype`` (:attr:`TrainConfig.compute_dtype`; ``matmul_dtype_counted``: what ran). The counted FLOP come from
 :class:`perfkit.measuring.counting.OpCounter` around the forward and backward of the first warm-up step
 (the optimizer step is left out, as it is from the analytic model FLOP), so counting costs no
 timed step and changes no number; under tensor parallel and torch.compile nothing is counted
@@ -37,6 +38,7 @@ cannot honour raises :class:`~perfkit.core.errors.ConfigurationSkipped` before a
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import resource
 import statistics
@@ -154,7 +156,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
-    losses, samples_s, data_s, counted, saved_peak = [], [], [], None, math.nan
+    losses, samples_s, data_s, counted, saved_peak, gather_peak = [], [], [], None, math.nan, math.nan
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
         trace_capture.rank_trace_path(cfg.trace_dir, ctx.rank), device=device.type, skip_steps=cfg.warmup_steps)
@@ -174,7 +176,8 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             t0 = time.perf_counter()
             # Forward and backward: what the analytic model FLOP describe (counted on step 0) and
             # where the saved activations are measured (on the last warm-up step).
-            with counter, activations.step_meter(cfg, step, model.parameters()) as meter:
+            with counter, activations.step_meter(cfg, step, model.parameters(),
+                                                 functools.partial(memory_model.fsdp_gathered, model)) as meter:
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     out = model(inputs)
@@ -193,7 +196,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             if isinstance(counter, OpCounter):
                 counted = counter.frame()
             if meter is not None:
-                saved_peak = float(meter.peak_bytes)
+                saved_peak, gather_peak = float(meter.peak_bytes), float(meter.gather_peak_bytes)
             losses.append(loss.detach().float())
             profiler.step()
     losses_t = torch.stack(losses)
@@ -210,7 +213,8 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
             "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
-            "activation_bytes_measured": saved_peak, "uncounted_ops": uncounted,
+            "activation_bytes_measured": saved_peak, "param_gather_bytes_measured": gather_peak,
+            "matmul_dtype_counted": _matmul_dtype(counted), "uncounted_ops": uncounted,
             "grad_scale": scaler.get_scale() if scaler else math.nan,
             **rank_facts(work, device)}
 
@@ -250,6 +254,13 @@ def _collective_calls(counted) -> dict[str, int] | None:
     return {kind: sum(any(k in op for k in keys) for op in ops) for kind, keys in _COLLECTIVES.items()}
 
 
+def _matmul_dtype(counted) -> str | None:
+    """The dtype that carried most of the counted matmul FLOP: what the matmuls ran in."""
+    if counted is None or not (mm := counted[counted["family"] == "matmul"]).size:
+        return None
+    return str(mm.groupby("dtype")["flop"].sum().idxmax())
+
+
 def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
     """FLOP counted in one step over all ranks, or (NaN, why not)."""
     reason = _count_reason(cfg)
@@ -271,9 +282,9 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
     tokens = (cfg.batch_size * first["tokens_per_sample"] if first["tokens_per_sample"]
               else math.nan)
     # One GPU per rank (peak × world_size); on a CPU the peak of the physical cores the ranks'
-    # affinity and threads gave them (perfkit.analyse.mfu).
+    # affinity and threads gave them (perfkit.analyse.mfu); of the dtype the matmuls ran in.
     peak = mfu.peak_flop_per_s(device_kind=first["device_kind"], device_name=first["device_name"],
-                               precision=cfg.precision, devices=cfg.world_size,
+                               precision=cfg.compute_dtype, devices=cfg.world_size,
                                compute_units=first.get("device_compute_units"),
                                cpu_shares=[r["cpu_share"] for r in rank_results if r.get("cpu_share")])
     model_flop = float(first["flop_per_sample"] * cfg.batch_size)
@@ -298,6 +309,7 @@ def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "counted_flop_per_s": counted_flop / step_s,
         "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),
         "counted_flop_reason": counted_reason or peak.reason,
+        "matmul_dtype_counted": first.get("matmul_dtype_counted"),
         "uncounted_ops": ", ".join(sorted(set().union(*(r["uncounted_ops"] for r in rank_results)))),
         "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
         "loss_fell": bool(losses[-1] < losses[0]),
