@@ -1,9 +1,7 @@
-"""Per-op times from ``torch.profiler``, to join with :func:`perfkit.measuring.counting.count_ops` counts;
-:func:`quiet_kineto`, how every profiler of perfkit keeps Kineto's markers out of notebooks."""
+"""Per-op times from ``torch.profiler``, to join with :func:`perfkit.measuring.counting.count_ops` counts."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pandas as pd
@@ -11,24 +9,7 @@ import torch
 
 from ..core.errors import BadInputError
 
-__all__ = ["profile_op_times", "quiet_kineto"]
-
-#: Kineto's logger prints each message at or above ``KINETO_LOG_LEVEL`` (read once, at the
-#: profiler's first start in a process). Its ``USDT`` markers ("SyncActivityProfilerHandler.cpp
-#: ... profiler_start/stop", one pair per profiled region, in every executed notebook) are its
-#: highest severity, above ERROR (libkineto ``Logger.h``, ``LoggerOutputType``; measured on torch
-#: 2.13: 5 still prints them, 6 prints nothing), so no level hides them and keeps errors.
-_KINETO_SILENT = "6"
-
-
-def quiet_kineto(*, device_profiled: bool) -> None:
-    """Hide Kineto's markers where that hides nothing a user needs: a CPU-only profile, whose
-    events are torch's own. A device profile keeps Kineto's output (its errors are where CUPTI's
-    or roctracer's failures, e.g. insufficient privileges, are said), markers and all; a
-    ``KINETO_LOG_LEVEL`` the user set is always kept."""
-    if not device_profiled:
-        os.environ.setdefault("KINETO_LOG_LEVEL", _KINETO_SILENT)
-
+__all__ = ["profile_op_times"]
 
 def profile_op_times(fn: Callable, *args, device: str | None = None, trace_path=None, **kwargs) -> pd.DataFrame:
     """Run ``fn`` once under ``torch.profiler``; per aten op name and input shapes, its times.
@@ -43,6 +24,8 @@ def profile_op_times(fn: Callable, *args, device: str | None = None, trace_path=
     ``attrs`` then hold ``trace_path`` and ``trace_reason``.
     """
     from torch.profiler import ProfilerActivity, profile
+
+    from .trace_capture import quiet_kineto
 
     if device not in (None, "cpu", "cuda"):
         raise BadInputError(

@@ -33,11 +33,27 @@ import torch
 
 from ..core.errors import BadInputError
 
-__all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "trace_dir", "rank_trace_path", "data_wait_span", "write_trace",
+__all__ = ["ProfileSettings", "StepProfiler", "DATA_WAIT_SPAN", "quiet_kineto", "trace_dir", "rank_trace_path", "data_wait_span", "write_trace",
            "current_trace_dir", "summary_columns"]
 
 #: The record_function span around fetching a step's batch (perfkit's own data-wait marker).
 DATA_WAIT_SPAN = "data_wait"
+
+#: Kineto's logger prints each message at or above ``KINETO_LOG_LEVEL`` (read once, at the
+#: profiler's first start in a process). Its ``USDT`` markers ("SyncActivityProfilerHandler.cpp
+#: ... profiler_start/stop", one pair per profiled region, in every executed notebook) are its
+#: highest severity, above ERROR (libkineto ``Logger.h``, ``LoggerOutputType``; measured on torch
+#: 2.13: 5 still prints them, 6 prints nothing), so no level hides them and keeps errors.
+_KINETO_SILENT = "6"
+
+
+def quiet_kineto(*, device_profiled: bool) -> None:
+    """Hide Kineto's markers where that hides nothing a user needs: a CPU-only profile, whose
+    events are torch's own. A device profile keeps Kineto's output (its errors are where CUPTI's
+    or roctracer's failures, e.g. insufficient privileges, are said), markers and all; a
+    ``KINETO_LOG_LEVEL`` the user set is always kept."""
+    if not device_profiled:
+        os.environ.setdefault("KINETO_LOG_LEVEL", _KINETO_SILENT)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -140,8 +156,6 @@ class StepProfiler:
         if self.settings is None:
             return self
         from torch.profiler import ProfilerActivity, profile, schedule
-
-        from .profiling import quiet_kineto
 
         s = self.settings
         activities = [ProfilerActivity.CPU]
