@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.utils.benchmark as tb
 
-from perfkit.analyse.levels import cpu_cache_sizes, detect_levels
+from perfkit.analyse.levels import detect_levels
+from perfkit.core.caches import cpu_cache_sizes
 from perfkit.core import devices
 from perfkit.measuring import ceilings, stream
 
@@ -80,9 +81,12 @@ def _dram_plateau(quick: bool) -> tuple[float, int, int]:
     """perfkit's DRAM ceiling from its own sweep, and the plateau's working-set span."""
     curve = stream.measure_bandwidth_curve("cpu", quick=quick)
     levels = detect_levels(curve, cache_sizes=cpu_cache_sizes())
+    print(f"    levels of the sweep (to {curve['working_set_bytes'].max() / 2**20:.0f} MiB): "
+          + ", ".join(f"{r.level} {r.bytes_per_s / 1e9:.1f} GB/s ({r.working_set_min_bytes / 2**20:.3g}-"
+                      f"{r.working_set_max_bytes / 2**20:.3g} MiB)" for r in levels.itertuples()))
     dram = levels[levels["level"] == "DRAM"]
     if dram.empty:
-        raise SystemExit(f"no DRAM plateau found; levels: {levels['level'].tolist()}")
+        raise SystemExit(f"no DRAM plateau found; levels: {levels['level'].tolist()}; {levels.attrs.get('note')}")
     row = dram.iloc[0]
     return float(row.bytes_per_s), int(row.working_set_min_bytes), int(row.working_set_max_bytes)
 

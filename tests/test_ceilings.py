@@ -25,9 +25,10 @@ CACHES = {"L1": 96 * KiB, "L2": 4 * MiB, "L3": 300 * MiB}
 STEPS = [(300e9, 64 * KiB), (150e9, 2 * MiB), (60e9, 200 * MiB), (15e9, math.inf)]
 
 
-def synthetic_curve(top: int = 1 << 30, noise: float = 0.0, seed: int = 0, steps=STEPS) -> pd.DataFrame:
+def synthetic_curve(top: int = 4 << 30, noise: float = 0.0, seed: int = 0, steps=STEPS) -> pd.DataFrame:
     """4 points per octave from 16 KiB; between plateaus one octave of log-linear decline
-    (real caches fade out gradually: associativity, other data, prefetchers)."""
+    (real caches fade out gradually: associativity, other data, prefetchers). The default top,
+    4 GiB, is past 8x the 304 MiB of CACHES, where a working set is called DRAM."""
     ws = 16 * KiB * 2 ** (np.arange(0, 80) / 4)
     ws = ws[ws <= top]
     logbw = []
@@ -80,12 +81,17 @@ def test_two_plateaus_when_the_sweep_stops_inside_l2():
     assert levels["bytes_per_s"].tolist() == pytest.approx([300e9, 150e9])
 
 
-def test_no_dram_unless_the_sweep_went_past_the_llc():
-    # Sweep to 256 MiB < 300 MiB LLC: the last plateau is L3, whatever its bandwidth.
+def test_no_dram_unless_the_sweep_went_past_8x_the_caches():
+    # Sweep to 256 MiB < 300 MiB LLC, or to 1 GiB < 8 x 304 MiB: the last plateau is L3, whatever its bandwidth.
     assert detect_levels(synthetic_curve(top=256 * MiB), cache_sizes=CACHES)["level"].tolist() == ["L1", "L2", "L3"]
-    # A flat curve across the LLC is still split there: past the LLC is memory by definition.
-    flat = pd.DataFrame({"working_set_bytes": [2 ** k for k in range(24, 32)], "bytes_per_s": [20e9] * 8})
-    assert detect_levels(flat, cache_sizes=CACHES)["level"].tolist() == ["L3", "DRAM"]
+    assert detect_levels(synthetic_curve(top=1 << 30), cache_sizes=CACHES)["level"].tolist() == ["L1", "L2", "L3"]
+    # A flat curve is still split at the caches' capacity C and at 8 C: what lies between is
+    # fed by the caches in part and is no level; at 8 C and past it is memory by definition.
+    flat = pd.DataFrame({"working_set_bytes": [2 ** k for k in range(24, 34)], "bytes_per_s": [20e9] * 10})
+    levels = detect_levels(flat, cache_sizes=CACHES)
+    assert levels["level"].tolist() == ["L3", "DRAM"]
+    assert levels["working_set_max_bytes"].tolist() == [256 * MiB, 8 << 30]
+    assert levels["working_set_min_bytes"].iloc[1] == 4 << 30 and levels.attrs["note"] is None
     assert detect_levels(flat, cache_sizes={"L2": 50 * MiB}, memory_name="HBM")["level"].tolist() == ["L2", "HBM"]
 
 
@@ -233,6 +239,8 @@ def test_measure_ceilings_returns_the_contract(ext):
     assert (table["iqr"].astype(float) >= 0).all()
     assert table["noisy"].map(type).eq(bool).all()
     assert (memory["working_set_bytes"] > 0).all() and memory["source"].str.contains("OpenMP").all()
+    # a sweep short of 8x the caches says why it has no DRAM row
+    assert memory["source"].str.contains("no DRAM level").any() and table.attrs["memory_note"]
 
 
 def test_unsupported_dtypes_are_refused_with_a_reason():
@@ -281,3 +289,169 @@ def test_without_shapes_the_sizes_are_searched_and_the_ceiling_names_the_winner(
     assert (fp32["m"], fp32["n"], fp32["k"]) == (best["m"], best["n"], best["k"])
     assert fp32["value"] == best["flop_per_s"]
     assert f"searched shapes (best {best['m']}x{best['n']}x{best['k']})" in fp32["source"]
+
+
+# ------------------------------------------------------------------------------ big-L3 server CPUs
+# Cache sizes as Linux reports them (sysfs index*/size), per the vendors' sheets:
+# - Xeon Platinum 8480+ (Sapphire Rapids), one socket: 56 cores, L1d 48 KiB and L2 2 MiB per core,
+#   L3 105 MB shared (intel.com ark 231746: "105 MB Intel Smart Cache").
+# - EPYC 9654 (Zen 4 Genoa): 96 cores, L1d 32 KiB and L2 1 MiB per core, L3 32 MiB per 8-core CCD,
+#   12 CCDs = 384 MB (amd.com product page: "L3 Cache 384MB").
+# - a 2-core EPYC VM with a 32 MiB L3 (the machine of issue 25).
+SERVERS = {  # name: (cores, L1d, L2, L3 per instance, cores per L3 instance)
+    "sapphire_rapids_8480": (56, "48K", "2048K", "107520K", 56),
+    "epyc_9654": (96, "32K", "1024K", "32768K", 8),
+    "epyc_vm_32mib_l3": (2, "32K", "1024K", "32768K", 2),
+}
+
+
+def fake_sysfs(root, cores, l1d, l2, l3, per_l3):
+    """A sysfs cpu tree (``cpuN/cache/index*``) like Linux's for ``cores`` one-thread cores."""
+    for cpu in range(cores):
+        first = cpu // per_l3 * per_l3
+        l3_cpus = f"{first}-{first + per_l3 - 1}" if per_l3 > 1 else str(first)
+        for i, (level, kind, size, shared) in enumerate(((1, "Data", l1d, str(cpu)), (1, "Instruction", "32K", str(cpu)),
+                                                         (2, "Unified", l2, str(cpu)), (3, "Unified", l3, l3_cpus))):
+            d = root / f"cpu{cpu}" / "cache" / f"index{i}"
+            d.mkdir(parents=True)
+            for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+                (d / name).write_text(f"{value}\n")
+    return root
+
+
+def server_curve(sizes: dict, bw: dict, top: float, per_octave: int = 4) -> pd.DataFrame:
+    """Triad bandwidth vs working set of a machine with these aggregate cache ``sizes``: a plateau
+    per level while a level's capacity (its own plus the lower levels', non-inclusive caches) holds
+    the working set; past the total capacity C the caches keep a fraction C/ws of the stream
+    (adaptive replacement), so the time per byte is (C/ws)/B_LLC + (1 - C/ws)/B_DRAM -- the slow
+    approach to DRAM that a 2x-LLC sweep mistakes for a DRAM plateau."""
+    cap, total = [], 0
+    for name, size in sizes.items():
+        total += size
+        cap.append((name, total))
+    ws = 16 * KiB * 2 ** (np.arange(0, 200) / per_octave)
+    ws = ws[ws <= top]
+    out = []
+    for w in ws:
+        name = next((n for n, c in cap if w <= c), None)
+        if name is not None:
+            out.append(bw[name])
+        else:
+            hit = total / w
+            out.append(1 / (hit / bw[cap[-1][0]] + (1 - hit) / bw["DRAM"]))
+    return pd.DataFrame({"working_set_bytes": ws.astype(np.int64), "bytes_per_s": out})
+
+
+SERVER_BW = {  # aggregate triad bytes/s, the order of magnitude of published STREAM results
+    "sapphire_rapids_8480": {"L1": 8e12, "L2": 3e12, "L3": 9e11, "DRAM": 2.4e11},
+    "epyc_9654": {"L1": 1.2e13, "L2": 5e12, "L3": 2e12, "DRAM": 3.6e11},
+    "epyc_vm_32mib_l3": {"L1": 2e11, "L2": 8e10, "L3": 4e10, "DRAM": 1.2e10},
+}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_big_l3_servers_name_dram_only_at_8x_their_caches_and_read_it_right(tmp_path, server):
+    cores, *rest = SERVERS[server]
+    sizes = cpu_cache_sizes(range(cores), root=str(fake_sysfs(tmp_path, cores, *rest)))
+    total = sum(sizes.values())
+    curve = server_curve({k: sizes[k] for k in ("L1", "L2", "L3")}, SERVER_BW[server], top=32 * total)
+    levels = detect_levels(curve, cache_sizes=sizes).set_index("level")
+    assert levels.index.tolist() == ["L1", "L2", "L3", "DRAM"]
+    assert levels.loc["DRAM", "working_set_min_bytes"] >= 8 * total
+    # at >= 8x the caches at most 1/8 of the bytes come from them: within 1/(1 - 1/8) of DRAM
+    assert levels.loc["DRAM", "bytes_per_s"] == pytest.approx(SERVER_BW[server]["DRAM"], rel=0.15)
+    for name in ("L1", "L2", "L3"):
+        assert levels.loc[name, "bytes_per_s"] == pytest.approx(SERVER_BW[server][name], rel=1e-9)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_sweep_that_stops_short_of_8x_names_its_largest_level_l3_and_says_why(tmp_path, server):
+    cores, *rest = SERVERS[server]
+    sizes = cpu_cache_sizes(range(cores), root=str(fake_sysfs(tmp_path, cores, *rest)))
+    curve = server_curve({k: sizes[k] for k in ("L1", "L2", "L3")}, SERVER_BW[server], top=2 * max(sizes.values()))
+    levels = detect_levels(curve, cache_sizes=sizes)
+    assert levels["level"].tolist() == ["L1", "L2", "L3"]  # the old rule: DRAM past the largest level
+    assert "no DRAM level" in levels.attrs["note"] and "8" in levels.attrs["note"]
+
+
+def test_cache_sizes_of_big_l3_servers_from_a_fake_sysfs(tmp_path):
+    spr = cpu_cache_sizes(range(56), root=str(fake_sysfs(tmp_path / "spr", *SERVERS["sapphire_rapids_8480"])))
+    # level order, not size order: Sapphire Rapids' 56 L2s (112 MiB) outsize its 105 MB L3
+    assert list(spr) == ["L1", "L2", "L3"]
+    assert spr == {"L1": 56 * 48 * KiB, "L2": 112 * MiB, "L3": 105 * MiB}
+    genoa = cpu_cache_sizes(range(96), root=str(fake_sysfs(tmp_path / "genoa", *SERVERS["epyc_9654"])))
+    assert genoa["L3"] == 384 * MiB  # 12 CCD instances, each counted once
+    assert cpu_cache_sizes(range(8), root=str(tmp_path / "genoa"))["L3"] == 32 * MiB  # one CCD's share
+
+
+# ------------------------------------------------------------------------------ sweep sizing
+
+def _no_op_kernels(monkeypatch):
+    """STREAM kernels that do nothing, and plenty of free memory: the sweep's plan, not the machine."""
+    class Ext:
+        def first_touch(self, x, v, threads):
+            pass
+
+        def triad(self, a, b, c, s, reps, threads):
+            pass
+
+    monkeypatch.setattr(stream, "load_stream_extension", lambda: Ext())
+    monkeypatch.setattr(stream, "free_memory_bytes", lambda device: 64 << 30)
+
+
+def test_the_sweep_reaches_8x_the_caches_the_os_reports(tmp_path, monkeypatch):
+    import perfkit.core.cpu_share as cpu_share
+
+    root = fake_sysfs(tmp_path, *SERVERS["epyc_vm_32mib_l3"])
+    monkeypatch.setattr(cpu_share, "SYS_CPU", root)
+    monkeypatch.setattr(stream, "affinity_cpus", lambda: (0, 1))
+    _no_op_kernels(monkeypatch)
+    total = 2 * 32 * KiB + 2 * MiB + 32 * MiB
+    curve = measure_bandwidth_curve("cpu", quick=True, threads=2, min_run_time_s=1e-4)
+    past = curve.loc[curve["working_set_bytes"] >= 8 * total, "working_set_bytes"]
+    assert len(past) >= 3  # a DRAM plateau needs points (old: the sweep stopped at 2x the LLC, 64 MiB)
+    assert curve["working_set_bytes"].max() <= 4 * 8 * total  # and not far beyond
+
+
+@pytest.mark.parametrize("server, free, want", [
+    ("sapphire_rapids_8480", 1 << 40, 4 << 30),   # 8 x 219.6 MiB = 1.7 GiB -> 2 GiB, one octave more
+    ("epyc_9654", 1 << 40, 8 << 30),              # 8 x 483 MiB = 3.8 GiB -> 4 GiB, one octave more
+    ("epyc_9654", 8 << 30, 2 << 30),              # capped at a quarter of free memory
+])
+def test_sweep_top_from_sysfs_sizes_of_big_l3_servers(tmp_path, server, free, want):
+    from perfkit.core.caches import sweep_top_bytes
+
+    cores, *rest = SERVERS[server]
+    sizes = cpu_cache_sizes(range(cores), root=str(fake_sysfs(tmp_path, cores, *rest)))
+    assert sweep_top_bytes(sizes, octaves_past=1, fallback_llc_bytes=256 * MiB, free_bytes=free) == want
+
+
+def test_unreadable_cache_sizes_fall_back_to_the_old_sweep_and_say_so(tmp_path, monkeypatch):
+    import perfkit.core.cpu_share as cpu_share
+
+    monkeypatch.setattr(cpu_share, "SYS_CPU", tmp_path / "no-sysfs")
+    monkeypatch.setattr(stream, "affinity_cpus", lambda: (0, 1))
+    _no_op_kernels(monkeypatch)
+    curve = measure_bandwidth_curve("cpu", quick=True, threads=2, min_run_time_s=1e-4)
+    # today's quick sweep: 2x an assumed 256 MiB (to the triad's 24-byte element)
+    assert curve["working_set_bytes"].max() == pytest.approx(512 * MiB, abs=24)
+    curve["bytes_per_s"] = 1e10
+    monkeypatch.setattr(ceilings, "measure_matmul_throughput", lambda *a, **k: pd.DataFrame(
+        {"dtype": ["fp32"], "flop_per_s": [1e11], "flop_per_s_iqr": [0.0], "noisy": [False], "searched": [False],
+         "m": [64], "n": [64], "k": [64]}))
+    memory = measure_ceilings("cpu", dtypes=["fp32"], curve=curve).query("kind == 'memory'")
+    assert memory["level"].tolist() == ["P1"]
+    assert memory["source"].str.contains("cache sizes unreadable").all()
+
+
+def test_noisy_points_past_8x_the_caches_still_make_one_dram_plateau():
+    # Contention on a shared machine (load 6 on 2 cores): DRAM points alternate by 30-50 %,
+    # which segmentation alone splits into single points and drops.
+    sizes = {"L1": 64 * KiB, "L2": 2 * MiB, "L3": 32 * MiB}
+    curve = server_curve(sizes, SERVER_BW["epyc_vm_32mib_l3"], top=1 << 30, per_octave=2)
+    past = curve["working_set_bytes"] >= 8 * sum(sizes.values())
+    curve.loc[past, "bytes_per_s"] *= np.resize([1.0, 1.5, 0.7, 1.3], past.sum())
+    levels = detect_levels(curve, cache_sizes=sizes).set_index("level")
+    assert "DRAM" in levels.index, levels.attrs["note"]
+    assert levels.loc["DRAM", "points"] == past.sum()
+    assert levels.loc["DRAM", "noisy"]

@@ -213,3 +213,42 @@ def test_points_and_join_accept_frames_read_back_from_parquet(ceilings, ops, tmp
                           "time_s": [0.5]})
     joined = join_counts_with_times(back, times)
     assert list(joined.loc[joined["op"] == "aten.mm.default", "time_match"]) == ["shapes"] * 3
+
+
+# ------------------------------------------------------------------------------ one machine, one set of roofs
+
+def test_the_roofline_and_inference_notebooks_read_one_machines_same_memory_roofs(tmp_path, monkeypatch):
+    """Both notebooks' roofs (roofline_step.step_ceilings, inference.measure_roofs "fast") on a
+    2-core EPYC with a 32 MiB L3: one set of measured memory levels, and none of its working sets
+    under 8x the caches called DRAM. The sweep is a recorded-shape curve cut to what each asks for."""
+    import perfkit.core.cpu_share as cpu_share
+    from perfkit.measuring import ceilings, inference, roofline_step, stream
+    from test_ceilings import SERVER_BW, SERVERS, fake_sysfs, server_curve
+
+    KiB, MiB = 1 << 10, 1 << 20
+    monkeypatch.setattr(cpu_share, "SYS_CPU", fake_sysfs(tmp_path, *SERVERS["epyc_vm_32mib_l3"]))
+    monkeypatch.setattr(stream, "affinity_cpus", lambda: (0, 1))
+    sizes = {"L1": 64 * KiB, "L2": 2 * MiB, "L3": 32 * MiB}
+    machine = server_curve(sizes, SERVER_BW["epyc_vm_32mib_l3"], top=4 << 30, per_octave=2)
+    machine = machine.assign(kernel="triad", threads=2, backend="cpp")
+
+    def sweep(device="cpu", *, min_working_set_bytes=None, max_working_set_bytes=None, **kwargs):
+        lo = min_working_set_bytes or 16 * KiB
+        hi = max_working_set_bytes or 1 << 30  # the default quick sweep here: one octave past 8 x 34 MiB
+        return machine[machine["working_set_bytes"].between(lo, hi)].reset_index(drop=True)
+
+    monkeypatch.setattr(stream, "measure_bandwidth_curve", sweep)
+    monkeypatch.setattr(ceilings, "measure_bandwidth_curve", sweep)
+    monkeypatch.setattr(ceilings, "measure_matmul_throughput", lambda *a, **k: pd.DataFrame(
+        {"dtype": ["fp32"], "flop_per_s": [1e11], "flop_per_s_iqr": [0.0], "noisy": [False], "searched": [False],
+         "m": [64], "n": [64], "k": [64]}))
+
+    def memory(table):
+        rows = table[(table["kind"] == "memory") & (table["origin"] == "measured")]
+        return rows[["level", "value", "working_set_min_bytes"]].reset_index(drop=True)
+
+    roofline_roofs = memory(roofline_step.step_ceilings("cpu", "fp32", measure=True))
+    inference_roofs = memory(inference.measure_roofs(inference.InferenceConfig(device="cpu", ceilings="fast")))
+    pd.testing.assert_frame_equal(roofline_roofs, inference_roofs)
+    dram = roofline_roofs[roofline_roofs["level"] == "DRAM"]
+    assert len(dram) == 1 and dram["working_set_min_bytes"].iloc[0] >= 8 * sum(sizes.values())

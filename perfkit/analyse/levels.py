@@ -1,7 +1,8 @@
-"""Memory levels: cache sizes from the OS, and the plateaus of a bandwidth curve, named.
+"""Memory levels: the plateaus of a bandwidth curve, named after the cache or memory that feeds them.
 
 Pure analysis (DataFrames in and out) beside the measuring in :mod:`perfkit.measuring.ceilings`, in the
-spirit of the Empirical Roofline Toolkit's level detection.
+spirit of the Empirical Roofline Toolkit's level detection. The cache sizes come from
+:mod:`perfkit.core.caches` (sysfs), which also holds the rule for what is memory-fed.
 """
 
 from __future__ import annotations
@@ -9,70 +10,51 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import pandas as pd
 
-from ..core.cpu_share import SYS_CPU, affinity_cpus
+from ..core.caches import MEMORY_FACTOR, cache_capacities, cpu_cache_sizes
 from ..core.errors import BadInputError
 from ..core.timing import NOISY_IQR_OVER_MEDIAN
 
-__all__ = ["cpu_cache_sizes", "detect_levels"]
+__all__ = ["cpu_cache_sizes", "detect_levels"]  # cpu_cache_sizes: from perfkit.core.caches
 
 
-def _parse_size(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(text.rstrip("KMG")) * scale
-
-
-def cpu_cache_sizes(cpus: Sequence[int] | None = None, root: str = str(SYS_CPU)) -> dict[str, int]:
-    """Data-cache capacity per level summed over the distinct cache instances of ``cpus``
-    (default: the CPUs this process may run on), from Linux sysfs; ``{}`` when unreadable.
-
-    With one thread per core, each thread has a private L1 and L2, so the working set a level
-    holds is the aggregate over cores; a shared L3 counts once per instance.
-    """
-    if cpus is None:
-        cpus = affinity_cpus()
-    seen, sizes = set(), {}
-    for cpu in cpus:
-        for index in sorted(Path(root, f"cpu{cpu}", "cache").glob("index*")):
-            try:
-                if (index / "type").read_text().strip() == "Instruction":
-                    continue
-                level = int((index / "level").read_text())
-                key = (level, (index / "shared_cpu_list").read_text().strip())
-                size = _parse_size((index / "size").read_text())
-            except (OSError, ValueError):
-                continue
-            if key not in seen:
-                seen.add(key)
-                sizes[f"L{level}"] = sizes.get(f"L{level}", 0) + size
-    return dict(sorted(sizes.items(), key=lambda kv: kv[1]))
-
-
-
-def _split_at(seg: list[int], ws: Sequence[float], bound: float) -> list[list[int]]:
-    lo, hi = [i for i in seg if ws[i] <= bound], [i for i in seg if ws[i] > bound]
+def _split_at(seg: list[int], ws: Sequence[float], bound: float, *, inclusive: bool = True) -> list[list[int]]:
+    """``seg`` cut into the points at or under ``bound`` (under, if not ``inclusive``) and the rest."""
+    below = [ws[i] <= bound if inclusive else ws[i] < bound for i in seg]
+    lo, hi = [i for i, b in zip(seg, below) if b], [i for i, b in zip(seg, below) if not b]
     return [s for s in (lo, hi) if s]
 
 
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
 def detect_levels(curve: pd.DataFrame, *, cache_sizes: Mapping[str, int], memory_name: str = "DRAM",
-                  step: float = 0.15, min_points: int = 2) -> pd.DataFrame:
+                  step: float = 0.15, min_points: int = 2, memory_factor: float = MEMORY_FACTOR) -> pd.DataFrame:
     """Find the plateaus of a bandwidth curve and name them after the level that holds them.
 
     ``curve`` needs ``working_set_bytes`` and ``bytes_per_s`` (one kernel); ``cache_sizes``
-    maps level names to the capacity available to the run (``{"L1": 96 << 10, ...}``).
+    maps level names to the capacity available to the run (``{"L1": 96 << 10, ...}``, as
+    :func:`perfkit.core.caches.cpu_cache_sizes` reads it).
     Method: smooth log-bandwidth with a running median of 3 (one outlier cannot make or break a
     plateau), start a new segment wherever a point leaves the current segment's median by more
-    than ``step`` (relative), split at the last-level cache, keep segments of at least
-    ``min_points`` points. Each is named by the smallest cache holding its median working set;
-    past the LLC it is ``memory_name`` -- so DRAM/HBM appears only when the sweep went past the
-    LLC, and the last plateau of a shorter sweep keeps its cache's name. With no cache sizes
-    plateaus are named ``P1``, ``P2``... Same-named segments are merged. Per plateau: the median
-    bandwidth, ``iqr`` (median of the points' ``bytes_per_s_iqr`` if given, else the spread of
-    the plateau), ``noisy``, its span and ``working_set_bytes`` of its most typical point.
+    than ``step`` (relative), split at the total cache capacity C and at ``memory_factor`` × C,
+    keep segments of at least ``min_points`` points. A segment within C is named by the first
+    level (in level order) whose capacity, its own plus the lower levels' (non-inclusive caches),
+    holds its median working set; the points at >= ``memory_factor`` × C are one plateau,
+    ``memory_name``, however noisy; between the
+    two a stream is fed by the caches in part (:mod:`perfkit.core.caches`), and belongs to no
+    level. So DRAM/HBM appears only when the sweep went that far, and the last plateau of a
+    shorter sweep keeps its cache's name; ``attrs["note"]`` then says why there is no memory level.
+    With no cache sizes plateaus are named ``P1``, ``P2``... Same-named segments are merged. Per
+    plateau: the median bandwidth, ``iqr`` (median of the points' ``bytes_per_s_iqr`` if given,
+    else the spread of the plateau), ``noisy``, its span and ``working_set_bytes`` of its most
+    typical point.
     """
     columns = ["level", "bytes_per_s", "iqr", "noisy", "working_set_bytes", "working_set_min_bytes",
                "working_set_max_bytes", "points"]
@@ -80,8 +62,8 @@ def detect_levels(curve: pd.DataFrame, *, cache_sizes: Mapping[str, int], memory
         raise BadInputError(f"curve lacks column(s) {sorted(missing)}")
     if curve.get("kernel") is not None and curve["kernel"].nunique() > 1:
         raise BadInputError("curve holds several kernels; pass one kernel's rows")
-    if step <= 0 or min_points < 1:
-        raise BadInputError("need step > 0 and min_points >= 1")
+    if step <= 0 or min_points < 1 or memory_factor < 1:
+        raise BadInputError("need step > 0, min_points >= 1 and memory_factor >= 1")
     df = curve.sort_values("working_set_bytes").reset_index(drop=True)
     bw, ws = df["bytes_per_s"].astype(float), df["working_set_bytes"].astype(float).tolist()
     if not (bw.gt(0) & bw.map(math.isfinite)).all() or min(ws, default=1) <= 0:
@@ -95,17 +77,27 @@ def detect_levels(curve: pd.DataFrame, *, cache_sizes: Mapping[str, int], memory
             segments[-1].append(i)
         else:
             segments.append([i])
-    llc = max(cache_sizes.values(), default=None)
-    if llc is not None:
-        segments = [part for seg in segments for part in _split_at(seg, ws, llc)]
+    capacities = cache_capacities(cache_sizes)
+    total = max(capacities.values(), default=None)
+    memory_from = None if total is None else memory_factor * total
+    if total is not None:
+        segments = [part for seg in segments for part in _split_at(seg, ws, total)]
+        segments = [part for seg in segments for part in _split_at(seg, ws, memory_from, inclusive=False)]
+        # At or past memory_from every point is memory-fed by definition: one plateau, whose
+        # spread (contention on a shared machine) is noise for its IQR, not a level change.
+        memory = [i for seg in segments if ws[seg[0]] >= memory_from for i in seg]
+        segments = [seg for seg in segments if ws[seg[0]] < memory_from] + ([memory] if memory else [])
     named: dict[str, list[int]] = {}
     for seg in (s for s in segments if len(s) >= min_points):
         mid = statistics.median(ws[i] for i in seg)
-        if llc is None:
+        if total is None:
             name = f"P{len(named) + 1}"
+        elif ws[seg[0]] >= memory_from:
+            name = memory_name
+        elif ws[seg[-1]] > total:
+            continue  # past the caches, short of memory_from: fed by both
         else:
-            name = next((lvl for lvl, size in sorted(cache_sizes.items(), key=lambda kv: kv[1])
-                         if mid <= size), memory_name)
+            name = next(lvl for lvl, cap in capacities.items() if mid <= cap)
         named.setdefault(name, []).extend(seg)
     rows = []
     for name, idx in named.items():
@@ -120,4 +112,21 @@ def detect_levels(curve: pd.DataFrame, *, cache_sizes: Mapping[str, int], memory
                      "noisy": bool(iqr / value > NOISY_IQR_OVER_MEDIAN),
                      "working_set_bytes": int(typical), "working_set_min_bytes": int(pts["working_set_bytes"].min()),
                      "working_set_max_bytes": int(pts["working_set_bytes"].max()), "points": len(idx)})
-    return pd.DataFrame(rows, columns=columns)
+    out = pd.DataFrame(rows, columns=columns)
+    out.attrs["note"] = _note(named, memory_name, ws, total, memory_from, memory_factor)
+    return out
+
+
+def _note(named, memory_name: str, ws: Sequence[float], total, memory_from, factor: float) -> str | None:
+    """Why the levels hold no ``memory_name`` plateau, or None when they do."""
+    if memory_name in named:
+        return None
+    if total is None:
+        return f"cache sizes unknown: plateaus numbered P1..., none named {memory_name}"
+    top = max(ws, default=0)
+    why = (f"the sweep's largest working set {_size(top)} is under {factor:g} x the caches' "
+           f"{_size(total)} = {_size(memory_from)}" if top < memory_from
+           else f"fewer plateau points than needed at or past {_size(memory_from)}")
+    between = sum(total < w < memory_from for w in ws)
+    part = f"; {between} point(s) past the caches, still fed by them in part, belong to no level" if between else ""
+    return f"no {memory_name} level: {why}{part}"

@@ -4,7 +4,9 @@
   improving (``perfkit.measuring.shape_search``); FLOP = 2·M·N·K, and the winning (M, N, K) is in the row.
 - Memory: the STREAM triad's bandwidth curve (:mod:`perfkit.measuring.stream`), its plateaus
   found and named (L1, L2, L3, DRAM or HBM) as the Empirical Roofline Toolkit does (Lo et al.,
-  PMBS 2014; :mod:`perfkit.analyse.levels`).
+  PMBS 2014; :mod:`perfkit.analyse.levels`); DRAM/HBM only at >= 8× the caches the OS reports
+  (:mod:`perfkit.core.caches`). Every roof of a machine (``perfkit peaks``, the roofline and
+  inference notebooks) comes from this one default sweep and rule.
 
 :func:`measure_ceilings` returns the ceilings table shared with the roofline analysis
 (``origin="measured"``); spec ceilings are appended elsewhere (``perfkit.core.specs``).
@@ -23,7 +25,7 @@ from ..core.timing import measure
 from ..analyse.levels import detect_levels
 from .gemm import DTYPES
 from .shape_search import SearchResult, search_best_shape
-from .stream import cache_sizes, free_memory_bytes, measure_bandwidth_curve
+from .stream import caches, free_memory_bytes, measure_bandwidth_curve
 
 __all__ = [
     "CEILING_COLUMNS",
@@ -216,16 +218,22 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
     if triad.empty:
         raise BadInputError("the bandwidth curve holds no triad rows")
     on_cpu = _kind(device) == "cpu"
-    levels = detect_levels(triad, cache_sizes=cache_sizes(device, int(triad["threads"].iloc[0])),
-                           memory_name="DRAM" if on_cpu else "HBM")
+    found = caches(device, int(triad["threads"].iloc[0]))
+    levels = detect_levels(triad, cache_sizes=found.sizes_bytes, memory_name="DRAM" if on_cpu else "HBM")
     how = "C++ OpenMP STREAM triad" if triad["backend"].iloc[0] == "cpp" else "torch-op STREAM triad"
+    # Why there is no DRAM/HBM row (or why levels are numbered) travels with the rows there are.
+    note = levels.attrs.get("note")
+    note = f"{found.source}; {note}" if note and not found.known else note
     for lvl in levels.itertuples():
+        span = f"{how}, plateau {_size(lvl.working_set_min_bytes)}–{_size(lvl.working_set_max_bytes)}"
         rows.append({"kind": "memory", "dtype": None, "level": lvl.level, "value": lvl.bytes_per_s,
                      "unit": "bytes/s", "origin": "measured",
-                     "source": f"{how}, plateau {_size(lvl.working_set_min_bytes)}–{_size(lvl.working_set_max_bytes)}",
+                     "source": f"{span}; {note}" if note else span,
                      "method": "stream_triad", "iqr": lvl.iqr, "noisy": lvl.noisy,
                      "working_set_bytes": lvl.working_set_bytes,
                      "working_set_min_bytes": lvl.working_set_min_bytes,
                      "working_set_max_bytes": lvl.working_set_max_bytes})
-    return pd.DataFrame(rows, columns=[*CEILING_COLUMNS, "working_set_min_bytes", "working_set_max_bytes",
-                                       *MATMUL_SHAPE_COLUMNS])
+    table = pd.DataFrame(rows, columns=[*CEILING_COLUMNS, "working_set_min_bytes", "working_set_max_bytes",
+                                        *MATMUL_SHAPE_COLUMNS])
+    table.attrs["memory_note"] = note
+    return table

@@ -231,16 +231,6 @@ def prompt_tokens(cfg: InferenceConfig, device: str | None = None) -> torch.Tens
 
 # ---- roofs and the roofline placement ---------------------------------------------------------
 
-def _working_set_bytes(cfg: InferenceConfig) -> int:
-    """Bytes a decode step can touch: every parameter and the whole KV cache (P + N positions)."""
-    from perfkit.measuring.models import GPT
-
-    spec = cfg.spec
-    with torch.device("meta"):  # shapes only, nothing allocated
-        params = sum(p.numel() for p in GPT(spec).parameters())
-    return params * PRECISIONS[cfg.precision].itemsize + _kv_cache_bytes(cfg)
-
-
 def _kv_cache_bytes(cfg: InferenceConfig) -> int:
     """Bytes of the KV cache, allocated whole up front: keys and values of every layer for
     ``batch_size`` sequences of P + N positions."""
@@ -254,16 +244,14 @@ def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
 
     Always the reference rows (spec sheet on a GPU, theoretical peak on a CPU); ``fast`` and
     ``quick`` add the measured compute roof of ``cfg.precision`` and the measured memory roofs.
-    ``fast`` measures one matmul (1024³ on a CPU, 8192³ on a GPU) and, on a CPU, the STREAM
-    triad from 1/16 to 4 × the working set (every parameter and the whole KV cache; at least
-    4 MiB): the memory levels the decode step's data can live in, whose slowest
-    is the roof the points are read against (~4 s on 2 CPU cores, ~30 s for ``quick``). On a GPU
-    the triad's default sweep (HBM: torch ops are launch-bound at cache sizes).
+    ``fast`` measures one matmul (1024³ on a CPU, 8192³ on a GPU) instead of searching shapes;
+    the memory roofs of both are the machine's, from the STREAM triad's default sweep and level
+    rule (:func:`perfkit.measuring.ceilings.measure_ceilings`), the same as the roofline
+    notebook's: DRAM only at >= 8× the caches, never a working set an L3 holds.
     A precision without a measured roof here (fp16 on a CPU) keeps the reference rows only.
     """
     from perfkit.measuring.ceilings import compute_dtypes, measure_ceilings
     from perfkit.measuring.peaks import peaks_table
-    from perfkit.measuring.stream import measure_bandwidth_curve
 
     device = _device(cfg)
     table = peaks_table(device, measure=False)
@@ -271,14 +259,9 @@ def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
         return table
     if cfg.ceilings == "quick":
         measured = measure_ceilings(device, quick=True, dtypes=[cfg.precision])
-    elif device == "cpu":
-        size = max(4 << 20, _working_set_bytes(cfg))
-        curve = measure_bandwidth_curve(device, quick=True, kernels=["triad"],
-                                        min_working_set_bytes=size // 16, max_working_set_bytes=4 * size)
-        measured = measure_ceilings(device, quick=True, dtypes=[cfg.precision],
-                                    shapes=[(1024, 1024, 1024)], curve=curve)
-    else:  # torch-op STREAM is launch-bound at cache sizes on a GPU: its default sweep (HBM)
-        measured = measure_ceilings(device, quick=True, dtypes=[cfg.precision], shapes=[(8192, 8192, 8192)])
+    else:
+        n = 1024 if device == "cpu" else 8192
+        measured = measure_ceilings(device, quick=True, dtypes=[cfg.precision], shapes=[(n, n, n)])
     return pd.concat([table.dropna(axis=1, how="all"), measured.assign(device=table["device"].iloc[0])],
                      ignore_index=True)
 

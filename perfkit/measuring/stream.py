@@ -1,4 +1,4 @@
-"""Memory bandwidth: STREAM kernels over working sets from KiB to past the last-level cache.
+"""Memory bandwidth: STREAM kernels over working sets from KiB to well past the caches (8× and more).
 
 STREAM is McCalpin's (https://www.cs.virginia.edu/stream/). On CPU the kernels are C++ with
 OpenMP (``csrc/stream_kernels.cpp``, built at first use): a torch-op triad reaches ~60% of what a
@@ -7,7 +7,9 @@ GPUs they are torch ops.
 
 Bytes follow stream.c's convention: reads + writes, no write-allocate traffic; per element copy
 and scale move 2 words, add and triad 3. ``working_set_bytes`` is the size of all arrays the
-kernel touches. The plateaus of the curve become memory ceilings in
+kernel touches. The sweep's top comes from the cache sizes the OS reports
+(:mod:`perfkit.core.caches`): a working set is DRAM-fed only at >= 8× the caches, so the default
+sweep goes one octave (full: two) past that. The plateaus of the curve become memory ceilings in
 :func:`perfkit.measuring.ceilings.measure_ceilings`.
 """
 
@@ -23,15 +25,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.caches import Caches, cpu_caches, memory_threshold_bytes, sweep_top_bytes
 from ..core.cpu_share import affinity_cpus
 from ..core.devices import resolve_device
 from ..core.errors import BadInputError, PerfkitError
 from ..core.progress import progress
 from ..core.timing import measure
-from ..analyse.levels import cpu_cache_sizes
 
 __all__ = ["STREAM_KERNELS", "ExtensionBuildError", "load_stream_extension", "measure_bandwidth_curve",
-           "cache_sizes", "free_memory_bytes"]
+           "caches", "free_memory_bytes"]
 
 #: Words moved per element (stream.c's ``bytes[]``: 2, 2, 3, 3 × sizeof(STREAM_TYPE)); also the
 #: number of arrays each kernel touches.
@@ -120,10 +122,13 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
     ``backend``: ``cpp`` (the OpenMP kernels; CPU), ``torch`` (torch ops) or ``auto`` (``cpp``
     on CPU, ``torch`` on GPUs). There is no fallback: a failed build raises
     :class:`ExtensionBuildError` rather than report torch's bandwidth as the machine's.
-    Defaults: quick sweeps triad only, 2 points per octave from 16 KiB to ≥ 2× the LLC; full
-    sweeps all four kernels, 4 per octave to ≥ 4× the LLC (capped at a quarter of free memory).
-    On GPUs the torch ops are launch-bound at L2 sizes, so the default sweep starts at 8x L2
-    (HBM only); a smaller ``min_working_set_bytes`` draws the launch-bound part too.
+    Defaults: quick sweeps triad only, 2 points per octave from 16 KiB to one octave past 8× the
+    caches the OS reports (:func:`perfkit.core.caches.sweep_top_bytes`: where a working set is
+    DRAM-fed, so a DRAM plateau has points); full sweeps all four kernels, 4 per octave to two
+    octaves past it; capped at a quarter of free memory. Cache sizes unreadable: 2× (4×) an
+    assumed 256 MiB, and the levels say so. On GPUs the torch ops are launch-bound at L2 sizes,
+    so the default sweep starts at 8× the caches (HBM only); a smaller ``min_working_set_bytes``
+    draws the launch-bound part too.
     """
     import torch
 
@@ -141,17 +146,21 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
     if backend == "torch":
         threads = torch.get_num_threads() if on_cpu else 1  # torch ops use torch's own pool
     threads = threads or len(affinity_cpus())
-    caches = cache_sizes(device, threads)
-    llc = max(caches.values(), default=256 << 20)
+    sizes = caches(device, threads).sizes_bytes
+    llc = max(sizes.values(), default=256 << 20)
+    memory_from = memory_threshold_bytes(sizes)  # None when the sizes are unknown
     if max_working_set_bytes is None:
         free = free_memory_bytes(device)
-        # CPU: past 2x (quick) or 4x the LLC. GPU: a GPU's L2 keeps part of a stream that is
-        # several times its size, so go to >= 16x L2 and at least 1 GiB.
-        want = 2 ** math.ceil(math.log2(llc * ((2 if quick else 4) if on_cpu else 16)))
-        want = want if on_cpu else max(want, 1 << 30)
-        max_working_set_bytes = max(1 << 20, min(want, free // 4))
+        if on_cpu:
+            max_working_set_bytes = sweep_top_bytes(sizes, octaves_past=1 if quick else 2,
+                                                    fallback_llc_bytes=256 << 20, free_bytes=free)
+        else:
+            # A GPU's L2 keeps part of a stream that is several times its size: go to >= 16x
+            # L2 and at least 1 GiB.
+            want = max(2 ** math.ceil(math.log2(16 * llc)), 1 << 30)
+            max_working_set_bytes = max(1 << 20, min(want, free // 4))
     if min_working_set_bytes is None:
-        min_working_set_bytes = 16 << 10 if on_cpu else min(8 * llc, max_working_set_bytes)
+        min_working_set_bytes = 16 << 10 if on_cpu else min(memory_from or 8 * llc, max_working_set_bytes)
     if not 0 < min_working_set_bytes <= max_working_set_bytes:
         raise BadInputError("need 0 < min_working_set_bytes <= max_working_set_bytes")
     per_octave = points_per_octave or (2 if quick else 4)
@@ -178,8 +187,10 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
         reps = max(1, target // moved)
         fn = functools.partial(funcs[kernel], a, b, c, _SCALAR, reps, threads)
         # Past the LLC each call is one slow sweep: give the DRAM/HBM points (the ceiling
-        # a roofline is usually read against) more samples even in a quick sweep.
-        point_s = run_s if min_run_time_s is not None or ws <= llc else max(run_s, 0.2)
+        # a roofline is usually read against) more samples even in a quick sweep; those short
+        # of memory_from, fed by caches and memory both, make no level and keep run_s.
+        short = ws <= llc or (memory_from is not None and ws < memory_from)
+        point_s = run_s if min_run_time_s is not None or short else max(run_s, 0.2)
         meas = measure(fn, min_run_time_s=point_s, device=device, label=f"{kernel} {ws} B")
         total = moved * reps
         rows.append({"device": device, "kernel": kernel, "dtype": dtype, "backend": backend, "threads": threads,
@@ -201,15 +212,17 @@ def free_memory_bytes(device: str) -> int:
     return torch.cuda.mem_get_info(torch.device(device))[0]
 
 
-def cache_sizes(device: str, threads: int) -> dict[str, int]:
-    """Cache sizes of ``device`` as the first ``threads`` CPUs of this process see them, or the GPU's L2 (and MALL)."""
+def caches(device: str, threads: int) -> Caches:
+    """Caches of ``device`` as the first ``threads`` CPUs of this process see them (sysfs), or
+    the GPU's L2 (and MALL), with where they were read or why they could not be."""
     if _kind(device) == "cpu":
-        cpus = list(affinity_cpus())[:threads]
-        return cpu_cache_sizes(cpus)
+        return cpu_caches(list(affinity_cpus())[:threads])
     import torch
 
     props = torch.cuda.get_device_properties(torch.device(device))
     sizes = {"L2": int(getattr(props, "L2_cache_size", 0))} if getattr(props, "L2_cache_size", 0) else {}
+    source = "torch.cuda.get_device_properties L2_cache_size"
     if any(g in (getattr(props, "gcnArchName", "") or "") for g in ("gfx94", "gfx95")):
         sizes["MALL"] = 256 << 20  # MI300/MI350: 256 MB AMD Infinity Cache (AMD CDNA 3/4 white papers)
-    return sizes
+        source += "; MALL 256 MB (AMD CDNA 3/4 white papers)"
+    return Caches(sizes_bytes=sizes, source=source if sizes else "the device reports no L2 size")
