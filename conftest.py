@@ -34,7 +34,7 @@ _prepared: list[str] = []
 
 
 def _prepare_report_dir() -> str:
-    from perfkit.measuring.gemm import measure_gemm
+    from perfkit.measuring.kernels.gemm import measure_gemm
     from perfkit.view.report import REPORT_DIR_ENV
     from perfkit.core.results import RunContext, record
 
@@ -52,7 +52,7 @@ def _prepare_report_dir() -> str:
 def _prepare_compare_dir() -> str:
     import torch
 
-    from perfkit.measuring.gemm import measure_gemm
+    from perfkit.measuring.kernels.gemm import measure_gemm
     from perfkit.view.report import COMPARE_DIR_ENV
     from perfkit.core.results import RunContext, record
 
@@ -80,8 +80,8 @@ def _prepare_compare_dir() -> str:
 
 def _prepare_trace_dir() -> str:
     from perfkit.core.results import CONTEXT_ENV, RunContext, record
-    from perfkit.measuring.train_config import TrainConfig
-    from perfkit.measuring.training import run_training
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import run_training
     from perfkit.view.trace import TRACE_PATH_ENV
 
     folder = tempfile.mkdtemp(prefix="perfkit-trace-nbval-")

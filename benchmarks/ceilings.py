@@ -31,7 +31,8 @@ import torch.utils.benchmark as tb
 from perfkit.analyse.levels import detect_levels
 from perfkit.core.caches import cpu_cache_sizes
 from perfkit.core import devices
-from perfkit.measuring import ceilings, stream
+from perfkit.measuring.kernels import ceilings
+from perfkit.measuring.kernels import stream
 
 _STREAM_C = textwrap.dedent(r"""
     /* STREAM triad, as McCalpin's stream.c does it: a[j] = b[j] + scalar*c[j], 24 bytes/element. */

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from perfkit.core.formulas import busbw_factor
-from perfkit.measuring.collectives import CollectivesConfig, collectives_rank, reduce_rank_results
+from perfkit.measuring.collectives.benchmark import CollectivesConfig, collectives_rank, reduce_rank_results
 
 
 def _hand_loop(x: torch.Tensor, warmup: int, iters: int) -> float:

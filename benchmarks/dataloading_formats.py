@@ -1,6 +1,6 @@
 """Random-read throughput of the four storage formats, as ratios to one file per sample, same run.
 
-The datasets of ``perfkit.measuring.datasets`` (``--n-samples`` samples of ``--sample-bytes`` seeded
+The datasets of ``perfkit.measuring.data.datasets`` (``--n-samples`` samples of ``--sample-bytes`` seeded
 random bytes; Parquet in row groups of ``--rows-per-group``), generated once into a temporary
 cache. Each round reads every sample of every format once, in a fresh random order, in this
 process (no decode, no DataLoader: the format's read alone), the formats in a rotated order each
@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perfkit.measuring import datasets  # noqa: E402
+from perfkit.measuring.data import datasets  # noqa: E402
 
 
 def main() -> None:

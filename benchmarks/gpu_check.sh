@@ -93,8 +93,8 @@ step_cmd() {
 import json
 from perfkit.core.devices import detect
 from perfkit.core.specs import spec_ceilings
-from perfkit.measuring.train_config import TrainConfig
-from perfkit.measuring.training import train_step_benchmark
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import train_step_benchmark
 
 row = train_step_benchmark(TrainConfig(model="transformer", precision="bf16", device="cuda", steps=10,
                                        batch_size=16))
@@ -109,7 +109,7 @@ EOF
     ;;
     nccl)       "$PY" - <<'EOF'
 import json
-from perfkit.measuring.collectives import CollectivesConfig, run_collectives
+from perfkit.measuring.collectives.benchmark import CollectivesConfig, run_collectives
 
 cfg = CollectivesConfig(ops=("all_reduce", "all_gather"), world_size=1, backend="nccl", min_bytes=1 << 16,
                         max_bytes=1 << 24, factor=16, iters=10, env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
@@ -125,7 +125,7 @@ import json
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import sdpa_flop_count
-from perfkit.measuring.counting import count_ops, coverage
+from perfkit.measuring.ops.counting import count_ops, coverage
 
 q, k, v = (torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 df = count_ops(F.scaled_dot_product_attention, q, k, v)

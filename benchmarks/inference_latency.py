@@ -1,6 +1,6 @@
 """Issue 18's acceptance on this machine: TTFT and TPOT ratios with and without the KV cache.
 
-The inference defaults (:mod:`perfkit.measuring.inference`: 4 layers, d_model 256, 4 heads, vocab
+The inference defaults (:mod:`perfkit.measuring.inference.generate`: 4 layers, d_model 256, 4 heads, vocab
 512; batch 1, N = 16 new tokens, fp32) at prompt 128 and 512 with the cache, and at 512 without it,
 run interleaved for ``--rounds`` rounds (order reversed every other round, so drift hits all
 alike) and pooled; each figure is a median of the pooled samples. Goals:
@@ -31,7 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfkit.analyse.inference import e2e_consistency  # noqa: E402
-from perfkit.measuring import inference, kv_cache  # noqa: E402
+from perfkit.measuring.inference import generate as inference
+from perfkit.measuring.inference import kv_cache
 
 
 def _load() -> str:

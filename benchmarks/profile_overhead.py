@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perfkit.measuring.train_config import TrainConfig  # noqa: E402
-from perfkit.measuring.training import train_step_benchmark  # noqa: E402
+from perfkit.measuring.training.config import TrainConfig  # noqa: E402
+from perfkit.measuring.training.step import train_step_benchmark  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """perfkit: a performance-engineering notebook kit for PyTorch.
 
 Measure (:func:`measure`), record (:func:`record`, :func:`skip`), load (:func:`load`) and
-fingerprint (:func:`fingerprint`); everything else lives in its module (``perfkit.measuring.gemm``,
+fingerprint (:func:`fingerprint`); everything else lives in its module (``perfkit.measuring.kernels.gemm``,
 ``perfkit.view.plots``, ``perfkit.view.report``, ...).
 """
 

@@ -75,11 +75,11 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_peaks(args) -> int:
-    from .measuring.peaks import peaks_table
+    from perfkit.measuring.kernels.peaks import peaks_table
 
     table = peaks_table(device=args.device, quick=not args.full, measure=not args.spec_only)
     if args.out:
-        from .measuring.peaks import record_peaks
+        from perfkit.measuring.kernels.peaks import record_peaks
 
         record_peaks(table, args.out)
     if args.json:

@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from perfkit.measuring.collectives import collectives_rank
+from perfkit.measuring.collectives.benchmark import collectives_rank
 
 __all__ = ["die_mid_benchmark", "hang_mid_benchmark", "raise_mid_benchmark"]
 

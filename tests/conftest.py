@@ -81,7 +81,7 @@ def run_context(tmp_path, monkeypatch):
 
 
 def ceiling_row(kind, dtype, level, value, origin="measured"):
-    """One row of the ceilings table (perfkit.measuring.peaks.CEILING_COLUMNS) for hand-made ceiling sets."""
+    """One row of the ceilings table (perfkit.measuring.kernels.peaks.CEILING_COLUMNS) for hand-made ceiling sets."""
     return {"kind": kind, "dtype": dtype, "level": level, "value": value,
             "unit": "FLOP/s" if kind == "compute" else "bytes/s", "origin": origin,
             "source": "test"}

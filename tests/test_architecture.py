@@ -40,6 +40,13 @@ RULES: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "analyse": frozenset({"core"}),
     "measuring": frozenset({"core", "analyse", "run.launch"}),
+    "measuring.kernels": frozenset({"core", "analyse"}),
+    "measuring.ops": frozenset({"core", "analyse", "measuring.kernels"}),
+    "measuring.collectives": frozenset({"core", "analyse", "run.launch", "measuring.ops"}),
+    "measuring.workloads": frozenset({"core"}),
+    "measuring.training": frozenset({"core", "analyse", "run.launch", "measuring.workloads", "measuring.ops"}),
+    "measuring.inference": frozenset({"core", "analyse", "measuring.kernels", "measuring.ops", "measuring.workloads"}),
+    "measuring.data": frozenset({"core", "analyse", "measuring.workloads", "measuring.training"}),
     "run": frozenset({"core"}),
     "view.plots": frozenset({"core", "analyse", "view.display"}),
     "view": frozenset({"core", "analyse", "run"}),
@@ -407,7 +414,7 @@ def undocumented_packages(root: Path = PACKAGE, rules: dict[str, frozenset[str]]
 def shadowed_public_names(root: Path = PACKAGE) -> list[str]:
     """Names in ``perfkit.__all__`` that are also a module or package of perfkit.
 
-    ``import perfkit.measuring.gemm`` binds ``perfkit.measuring`` to the package: a package named
+    ``import perfkit.measuring.kernels.gemm`` binds ``perfkit.measuring`` to the package: a package named
     like a public function (``perfkit.measure``) would replace that function for every caller.
     """
     tree = ast.parse((root / "__init__.py").read_text())
@@ -450,11 +457,60 @@ def rules_from_markdown(text: str) -> dict[str, frozenset[str]]:
     return rules
 
 
+def cycles(root: Path = PACKAGE) -> list[list[str]]:
+    """Every circle of imports between modules (each strongly connected set of two or more, by
+    Tarjan's algorithm), counting every import: in function bodies and under ``TYPE_CHECKING``
+    too, since a circle there is still two modules that each need the other. The top-level
+    package (``perfkit/__init__.py``, the public surface) is left out: it imports anything."""
+    tree = _Tree(root)
+    graph = {m: sorted({i.target for i in tree.imports(m) if i.target not in ("", m, tree.name)})
+             for m in tree.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for start in graph:  # iterative Tarjan: no recursion limit on a deep import chain
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(graph.get(child, ()))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    members.append(member)
+                    if member == node:
+                        break
+                if len(members) > 1:
+                    found.append(sorted(members))
+    return sorted(found)
+
+
 # --- tests -------------------------------------------------------------------------------------
 
 def test_packages_import_only_what_architecture_md_allows():
     found = violations(PACKAGE)
     assert not found, "imports against ARCHITECTURE.md's rules:\n" + "\n".join(found)
+
+
+def test_no_two_modules_import_each_other():
+    found = cycles(PACKAGE)
+    assert not found, "circles of imports (break each at its lowest module):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_analyses_and_plots_never_import_torch():
@@ -523,12 +579,20 @@ def test_a_forbidden_import_is_reported(tmp_path):
     victim = sorted(p for p in (copy / "analyse").glob("*.py") if p.name != "__init__.py")[0]
     before = set(violations(copy))
     lines = victim.read_text().splitlines()
-    lines.append("from perfkit.measuring import training  # deliberately forbidden")
+    lines.append("from perfkit.measuring.training import step  # deliberately forbidden")
     victim.write_text("\n".join(lines) + "\n")
     new = sorted(set(violations(copy)) - before)
     assert len(new) == 1, new
     assert new[0].startswith(f"perfkit/analyse/{victim.name}:{len(lines)}: ")
-    assert "perfkit.measuring.training" in new[0] and "analyse may import core" in new[0]
+    assert "perfkit.measuring.training.step" in new[0] and "analyse may import core" in new[0]
+
+
+def test_a_circle_is_reported_even_when_only_a_type_annotation_needs_it(tmp_path):
+    copy = _copy(tmp_path)
+    assert cycles(copy) == []
+    models = copy / "measuring" / "workloads" / "models.py"
+    models.write_text(models.read_text() + "\nif TYPE_CHECKING:\n    from perfkit.measuring.workloads.synthetic import Workload\n")
+    assert cycles(copy) == [["perfkit.measuring.workloads.models", "perfkit.measuring.workloads.synthetic"]]
 
 
 def test_a_relative_function_level_import_and_a_package_init_are_followed(tmp_path):
@@ -544,7 +608,7 @@ def test_a_relative_function_level_import_and_a_package_init_are_followed(tmp_pa
     assert any(v.startswith(f"perfkit/view/plots/{plot.name}:") and "perfkit.run.notebooks" in v
                and "view.plots may import" in v for v in new), new
     assert any("perfkit/run/__init__.py:" in v and "perfkit.run.sweep.engine" in v
-               and "measuring may import" in v for v in new), new
+               and re.search(r"measuring(\.\w+)? may import", v) for v in new), new
 
 
 def test_stale_imports_and_launch_targets_are_reported(tmp_path):
@@ -552,7 +616,7 @@ def test_stale_imports_and_launch_targets_are_reported(tmp_path):
     before = set(unresolved(copy))
     victim = copy / "run" / "launch.py"
     victim.write_text(victim.read_text() + '\n\ndef _stale():\n    from perfkit.training import train_rank\n'
-                      '    return "perfkit.measuring.training:no_such_rank"\n')
+                      '    return "perfkit.measuring.training.step:no_such_rank"\n')
     new = sorted(set(unresolved(copy)) - before)
     assert len(new) == 2, new
     assert "no module perfkit.training" in new[0] and "defines no 'no_such_rank'" in new[1]

@@ -1,4 +1,4 @@
-"""perfkit.measuring.ceilings: plateau detection on synthetic curves, the C++ STREAM kernels, the table.
+"""perfkit.measuring.kernels.ceilings: plateau detection on synthetic curves, the C++ STREAM kernels, the table.
 
 The first test that needs the C++ extension builds it (~20-25 s on 2 cores); later runs load it
 from torch's extensions cache in well under a second.
@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from perfkit.analyse.levels import cpu_cache_sizes, detect_levels
-from perfkit.measuring import ceilings, stream
-from perfkit.measuring.ceilings import CEILING_COLUMNS, measure_ceilings
-from perfkit.measuring.stream import STREAM_KERNELS, measure_bandwidth_curve
+from perfkit.measuring.kernels import ceilings
+from perfkit.measuring.kernels import stream
+from perfkit.measuring.kernels.ceilings import CEILING_COLUMNS, measure_ceilings
+from perfkit.measuring.kernels.stream import STREAM_KERNELS, measure_bandwidth_curve
 from perfkit.core.errors import BadInputError
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-import perfkit.measuring.collectives
-from perfkit.measuring.collective_timing import reduce_times
-from perfkit.measuring.collectives import CollectivesConfig, reduce_rank_results, run_collectives
+import perfkit.measuring.collectives.benchmark
+from perfkit.measuring.collectives.timing import reduce_times
+from perfkit.measuring.collectives.benchmark import CollectivesConfig, reduce_rank_results, run_collectives
 from perfkit.core.errors import BadInputError, ExecutionFailed
 from perfkit.core.formulas import COLLECTIVES, busbw_factor, message_bytes
 from perfkit.run.launch import LaunchResult, launch
@@ -255,13 +255,13 @@ def _fake_launch(monkeypatch, status="ok"):
 def test_nccl_knobs_are_checked_in_a_separate_logged_pass_and_timed_without_logging(monkeypatch):
     calls = _fake_launch(monkeypatch)
     clock = iter([1000.0, 1100.0, 1100.0, 1100.0])  # the check pass takes 100 s of the one deadline
-    monkeypatch.setattr(perfkit.measuring.collectives, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(perfkit.measuring.collectives.benchmark, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     knobs = {"NCCL_ALGO": "Ring", "NCCL_DEBUG_SUBSYS": "COLL"}
     cfg = CollectivesConfig(backend="nccl", ops=("all_reduce",), env=knobs, timeout_s=300)
     row = run_collectives(cfg).iloc[0]
     check_pass, timed = calls
-    assert check_pass["target"] == "perfkit.measuring.collectives:knob_pass_rank"
-    assert timed["target"] == "perfkit.measuring.collectives:collectives_rank"
+    assert check_pass["target"] == "perfkit.measuring.collectives.benchmark:knob_pass_rank"
+    assert timed["target"] == "perfkit.measuring.collectives.benchmark:collectives_rank"
     # the check pass logs, with the subsystems the check needs and the user's own kept
     assert check_pass["env"]["NCCL_DEBUG"] == "INFO" and check_pass["env"]["NCCL_ALGO"] == "Ring"
     assert check_pass["env"]["NCCL_DEBUG_SUBSYS"].split(",") == ["COLL", "INIT", "ENV", "TUNING"]
@@ -278,7 +278,7 @@ def test_nccl_knobs_are_checked_in_a_separate_logged_pass_and_timed_without_logg
 def test_the_knob_check_pass_runs_every_point_once_on_real_ranks():
     # The pass's rank target is backend-agnostic: on gloo it shows every point is reached.
     cfg = CollectivesConfig(**_SMALL, ops=("all_reduce", "all_gather"))
-    result = launch("perfkit.measuring.collectives:knob_pass_rank", cfg.to_dict(), world_size=2, backend="gloo",
+    result = launch("perfkit.measuring.collectives.benchmark:knob_pass_rank", cfg.to_dict(), world_size=2, backend="gloo",
                     timeout_s=cfg.timeout_s)
     assert result.ok, result.error
     assert [r["points"] for r in result.rank_results] == [3 * 3, 3 * 3]  # (1 + 2 forms) × 3 sizes
@@ -289,7 +289,7 @@ def test_knob_check_pass_off_runs_one_launch_with_the_knobs_as_given(monkeypatch
     cfg = CollectivesConfig(backend="nccl", ops=("all_reduce",), env={"NCCL_PROTO": "Simple"},
                             knob_check_pass="off")
     row = run_collectives(cfg).iloc[0]
-    assert [c["target"] for c in calls] == ["perfkit.measuring.collectives:collectives_rank"]
+    assert [c["target"] for c in calls] == ["perfkit.measuring.collectives.benchmark:collectives_rank"]
     assert calls[0]["env"] == {"NCCL_PROTO": "Simple"}
     assert row["knob_check"] == "not_checked" and row["knob_check_pass"] == "off"
 
@@ -305,7 +305,7 @@ def test_run_collectives_raises_execution_failed_on_a_failed_launch(monkeypatch)
     with pytest.raises(ExecutionFailed) as info:
         run_collectives(CollectivesConfig(backend="gloo"))
     assert info.value.message.startswith("timed launch, rank 1:")
-    assert [c["target"] for c in calls] == ["perfkit.measuring.collectives:collectives_rank"]  # no pass on gloo
+    assert [c["target"] for c in calls] == ["perfkit.measuring.collectives.benchmark:collectives_rank"]  # no pass on gloo
     assert calls[0]["device"] == "cpu"
 
 

@@ -280,7 +280,7 @@ def _inference_rows(rng, *, ttft_s, tpot_s, ttft_sigma=0.01, tpot_sigma=0.01, ru
     """An inference row as ``measuring.inference`` writes it: the config's columns and
     ``latency_metrics`` of ``runs`` synthetic generations (per-token timestamps)."""
     from perfkit.analyse.inference import latency_metrics
-    from perfkit.measuring.inference import WORKLOAD, InferenceConfig
+    from perfkit.measuring.inference.generate import WORKLOAD, InferenceConfig
 
     cfg = InferenceConfig(batch_size=1, prompt_len=32, new_tokens=new_tokens, timed_runs=runs, device="cpu")
     ttft = ttft_s * rng.lognormal(0.0, ttft_sigma, runs)
@@ -300,7 +300,7 @@ def _inference_side(root: Path, seed: int, **times) -> Path:
 def _loader_rows(rng, *, step_s, batch_s, step_sigma=0.01, batch_sigma=0.01):
     """A data-loading row as ``measuring.dataloading`` writes it (its own column builders), from
     synthetic loader-only batch times and step times."""
-    from perfkit.measuring import dataloading as dl
+    from perfkit.measuring.data import loading as dl
 
     cfg = dl.LoaderConfig(steps=22, warmup_steps=2, loader_batches=21, device="cpu")
     batches = (batch_s * rng.lognormal(0.0, batch_sigma, 21)).tolist()

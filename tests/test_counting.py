@@ -1,6 +1,6 @@
 """Counted FLOPs and bytes against hand derivations (fp32 = 4 bytes, int64 = 8, bf16 = 2).
 
-Conventions are those of ``perfkit/measuring/op_formulas.py``'s docstring; each test writes its derivation.
+Conventions are those of ``perfkit/measuring/ops/op_formulas.py``'s docstring; each test writes its derivation.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perfkit.measuring.counting import COLUMNS, OpCounter, count_ops, coverage, profile_op_times
+from perfkit.measuring.ops.counting import COLUMNS, OpCounter, count_ops, coverage, profile_op_times
 from perfkit.core.errors import BadInputError
 from perfkit.analyse.roofline import join_counts_with_times
 

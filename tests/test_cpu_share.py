@@ -121,8 +121,8 @@ def test_mfu_peak_is_of_what_the_ranks_had(smt):
 
 
 def test_training_row_states_threads_and_divides_by_their_cores(this_process_on_siblings):
-    from perfkit.measuring.train_config import TrainConfig
-    from perfkit.measuring.training import train_step_benchmark
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import train_step_benchmark
 
     row = train_step_benchmark(TrainConfig(model="mlp", batch_size=8, steps=3, warmup_steps=1,
                                            precision="fp32", device="cpu", count_flops=False))

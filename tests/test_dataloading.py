@@ -19,8 +19,8 @@ import torch
 from conftest import NOTEBOOKS, REPO
 from perfkit.analyse import dataloading as analysis
 from perfkit.core.errors import BadInputError
-from perfkit.measuring import dataloading
-from perfkit.measuring.dataloading import LoaderConfig, run_loader_benchmark
+from perfkit.measuring.data import loading as dataloading
+from perfkit.measuring.data.loading import LoaderConfig, run_loader_benchmark
 
 NOTEBOOK = NOTEBOOKS / "dataloader.ipynb"
 SPEC = REPO / "templates" / "dataloader.yaml"
@@ -242,7 +242,7 @@ def test_bad_inputs_are_refused_before_any_data_is_generated(tmp_path, params, m
 def test_the_notebook_names_its_check_and_its_defaults_pass_it():
     nb = json.loads(NOTEBOOK.read_text())
     module, _, name = nb["metadata"]["perfkit"]["check"].partition(":")
-    assert (module, name) == ("perfkit.measuring.dataloading", "check_params")
+    assert (module, name) == ("perfkit.measuring.data.loading", "check_params")
     from perfkit.run.notebooks import read_notebook
 
     defaults = {n: p.default for n, p in read_notebook(NOTEBOOK).parameters.items()}

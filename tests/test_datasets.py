@@ -20,7 +20,8 @@ import torch
 
 from conftest import REPO
 from perfkit.core.errors import BadInputError
-from perfkit.measuring import datasets, page_cache
+from perfkit.measuring.data import datasets
+from perfkit.measuring.data import page_cache
 
 
 @pytest.mark.parametrize("fmt", datasets.FORMATS)

@@ -38,7 +38,7 @@ def test_cuda_events_time_the_work_not_the_launch():
 
 
 def test_nccl_one_rank_collectives_with_a_knob_check_on_a_live_log():
-    from perfkit.measuring.collectives import CollectivesConfig, run_collectives
+    from perfkit.measuring.collectives.benchmark import CollectivesConfig, run_collectives
 
     cfg = CollectivesConfig(ops=("all_reduce", "all_gather"), world_size=1, backend="nccl",
                             min_bytes=1 << 20, max_bytes=1 << 22, iters=5, warmup_iters=2,
@@ -54,7 +54,7 @@ def test_nccl_one_rank_collectives_with_a_knob_check_on_a_live_log():
 
 
 def test_fp8_scaled_mm_throughput_or_the_reason_it_cannot_run():
-    from perfkit.measuring import ceilings
+    from perfkit.measuring.kernels import ceilings
 
     reason = ceilings.compute_dtypes("cuda")["fp8"]
     if reason is not None:
@@ -69,7 +69,7 @@ def test_cuda_bf16_sdpa_is_counted_as_one_attention_op():
     import torch.nn.functional as F
     from torch.utils.flop_counter import sdpa_flop_count
 
-    from perfkit.measuring.counting import count_ops, coverage
+    from perfkit.measuring.ops.counting import count_ops, coverage
 
     b, h, s, d = 2, 4, 256, 64
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -83,8 +83,8 @@ def test_cuda_bf16_sdpa_is_counted_as_one_attention_op():
 
 
 def test_compiled_bf16_training_step_on_the_gpu():
-    from perfkit.measuring.train_config import TrainConfig
-    from perfkit.measuring.training import train_step_benchmark
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import train_step_benchmark
 
     row = train_step_benchmark(TrainConfig(model="transformer", compile=True, precision="bf16",
                                            device="cuda", steps=4, batch_size=8))

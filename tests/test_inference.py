@@ -14,8 +14,9 @@ import torch
 from conftest import NOTEBOOKS, ceiling_row
 from perfkit.analyse.inference import e2e_consistency, itl_samples, latency_metrics, request_metrics
 from perfkit.core.errors import BadInputError
-from perfkit.measuring import inference, kv_cache
-from perfkit.measuring.counting import count_ops
+from perfkit.measuring.inference import generate as inference
+from perfkit.measuring.inference import kv_cache
+from perfkit.measuring.ops.counting import count_ops
 
 G = 1e9
 # Small enough to count and generate in well under a second, big enough that weights dominate.
@@ -221,7 +222,7 @@ def test_bad_parameters_fail_before_anything_runs():
         with pytest.raises(BadInputError, match=text):
             inference.check_params(bad)
     spec = read_notebook(NOTEBOOKS / "inference.ipynb")
-    assert spec.check == "perfkit.measuring.inference:check_params"
+    assert spec.check == "perfkit.measuring.inference.generate:check_params"
     with pytest.raises(BadInputError, match="prompt_len"):
         check_params(spec, {"prompt_len": 0})
     assert len(inference.configs_from_params({"batch_sizes": [1, 2, 8]})) == 3

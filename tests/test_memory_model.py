@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
-from perfkit.measuring import activations
-from perfkit.measuring import memory_model as mm
-from perfkit.measuring import workloads
-from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
-from perfkit.measuring.batch_search import find_max_batch_size
+from perfkit.measuring.training import activations
+from perfkit.measuring.training import memory_model as mm
+from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.training.config import TrainConfig, check_supported, workload_spec
+from perfkit.measuring.training.batch_search import find_max_batch_size
 
 PSI = 4 * 1024 * 1024  # four 1024×1024 matrices
 SQUARE = [(1024, 1024)] * 4

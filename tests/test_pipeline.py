@@ -24,9 +24,9 @@ import pytest
 
 from perfkit.analyse import pipeline_bubble as pb
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
-from perfkit.measuring import pipeline_stages as ps
-from perfkit.measuring.train_config import TrainConfig, check_supported, workload_spec
-from perfkit.measuring.training import run_training
+from perfkit.measuring.training import pipeline_stages as ps
+from perfkit.measuring.training.config import TrainConfig, check_supported, workload_spec
+from perfkit.measuring.training.step import run_training
 
 RTOL = 1e-4
 # The band of the measured bubble around (p−1)/(v·m+p−1) under a fixed stage delay (the value
@@ -70,7 +70,7 @@ def test_an_unknown_schedule_or_a_stage_count_it_cannot_hold_is_bad_input():
     # GPipe and 1F1B hold one stage per rank: v = 2 is refused, not silently read as 1.
     with pytest.raises(BadInputError, match="one stage per rank"):
         pb.predicted_bubble_fraction("GPipe", 2, 4, stages_per_rank=2)
-    from perfkit.measuring.train_config import check_params
+    from perfkit.measuring.training.config import check_params
 
     for schedule in ("GPipe", "1F1B"):  # at parameter check time: perfkit run/sweep exit 2
         with pytest.raises(BadInputError, match=f"{schedule} runs one stage per rank; stages_per_rank is 2"):
@@ -267,8 +267,8 @@ def test_rank_actions_are_torchs_interleaved_order_and_the_one_stage_schedules_i
 
 
 def test_pipeline_activation_prediction_and_max_batch_follow_the_ranks():
-    from perfkit.measuring import activations
-    from perfkit.measuring import memory_model as mm
+    from perfkit.measuring.training import activations
+    from perfkit.measuring.training import memory_model as mm
 
     cfg = TrainConfig(**PP, pp_schedule="1F1B", n_microbatches=4)
     gpipe = TrainConfig(**PP, pp_schedule="GPipe", n_microbatches=4)
@@ -299,8 +299,8 @@ def test_pipeline_activation_prediction_and_max_batch_follow_the_ranks():
 
 @pytest.fixture(scope="module")
 def single_process_losses():
-    from perfkit.measuring.train_config import TrainConfig
-    from perfkit.measuring.training import train_step_benchmark
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import train_step_benchmark
 
     fields = {k: v for k, v in TRANSFORMER.items()}
     return train_step_benchmark(TrainConfig(**fields, device="cpu"))["losses"]

@@ -72,7 +72,8 @@ def test_flags_are_restored_when_the_block_raises(tf32_everywhere):
 
 def test_roofline_step_in_fp32_runs_convolutions_without_tf32(tf32_everywhere):
     """The roofline step used to leave cuDNN's TF32 on: an fp32 conv point above the fp32 roof."""
-    from perfkit.measuring import roofline_step, workloads
+    from perfkit.measuring.ops import roofline_step
+    from perfkit.measuring.workloads import synthetic as workloads
 
     spec = workloads.make_spec("convnet", image_size=8, widths=(4, 8), n_classes=3)
     work = workloads.build(spec)
@@ -87,7 +88,7 @@ def test_roofline_step_in_fp32_runs_convolutions_without_tf32(tf32_everywhere):
 
 
 def test_gemm_fp32_runs_ieee_and_restores(tf32_everywhere, monkeypatch):
-    from perfkit.measuring import gemm
+    from perfkit.measuring.kernels import gemm
 
     seen = []
     real_matmul = torch.matmul
@@ -167,7 +168,8 @@ def test_rocm_tf32_is_skipped_with_the_reason_when_torch_keeps_it_off(fake_rocm,
 
 def test_rocm_support_in_gemm_and_ceilings(fake_rocm, monkeypatch):
     """MI300X honours tf32 (it was refused as "NVIDIA only"); MI200 gets the reason."""
-    from perfkit.measuring import ceilings, gemm
+    from perfkit.measuring.kernels import ceilings
+    from perfkit.measuring.kernels import gemm
 
     assert gemm.dtype_support("tf32", "cuda:0") is None
     assert ceilings.compute_dtypes("cuda:0")["tf32"] is None
@@ -184,7 +186,7 @@ def test_rocm_support_in_gemm_and_ceilings(fake_rocm, monkeypatch):
 @pytest.mark.parametrize("arch, dtype", [("gfx950:sramecc+:xnack-", torch.float8_e4m3fn),
                                          ("gfx942:sramecc+:xnack-", torch.float8_e4m3fnuz)])
 def test_fp8_ceiling_uses_the_devices_e4m3_variant(fake_rocm, monkeypatch, arch, dtype):
-    from perfkit.measuring import ceilings
+    from perfkit.measuring.kernels import ceilings
 
     fake_rocm.gcnArchName = arch
     seen = []

@@ -222,7 +222,10 @@ def test_the_roofline_and_inference_notebooks_read_one_machines_same_memory_roof
     2-core EPYC with a 32 MiB L3: one set of measured memory levels, and none of its working sets
     under 8x the caches called DRAM. The sweep is a recorded-shape curve cut to what each asks for."""
     import perfkit.core.cpu_share as cpu_share
-    from perfkit.measuring import ceilings, inference, roofline_step, stream
+    from perfkit.measuring.kernels import ceilings
+    from perfkit.measuring.inference import generate as inference
+    from perfkit.measuring.ops import roofline_step
+    from perfkit.measuring.kernels import stream
     from test_ceilings import SERVER_BW, SERVERS, fake_sysfs, server_curve
 
     KiB, MiB = 1 << 10, 1 << 20

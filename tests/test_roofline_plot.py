@@ -164,7 +164,7 @@ def test_no_widget_and_no_points(ceilings):
 # ---- the measuring helper and the notebook ---------------------------------------------------
 
 def test_placement_origin_prefers_measured(ceilings):
-    from perfkit.measuring.roofline_step import placement_origin
+    from perfkit.measuring.ops.roofline_step import placement_origin
 
     assert placement_origin(ceilings, "fp32") == "measured"
     theoretical_only = ceilings[ceilings["origin"] == "theoretical"]
@@ -172,7 +172,8 @@ def test_placement_origin_prefers_measured(ceilings):
 
 
 def test_profile_step_counts_and_times_an_mlp_step(ceilings):
-    from perfkit.measuring import roofline_step, workloads
+    from perfkit.measuring.ops import roofline_step
+    from perfkit.measuring.workloads import synthetic as workloads
 
     work = workloads.build(workloads.make_spec("mlp", in_features=8, hidden_features=16,
                                                out_features=4, depth=2))

@@ -13,7 +13,7 @@ import pytest
 
 import perfkit
 from conftest import NOTEBOOKS, REPO
-from perfkit.measuring import parallel
+from perfkit.measuring.training import parallel
 from perfkit.analyse import scaling
 from perfkit.core.errors import BadInputError, ExecutionFailed
 from perfkit.view.plots.scaling import (
@@ -22,14 +22,8 @@ from perfkit.view.plots.scaling import (
     scaling_section,
     throughput_vs_world_size,
 )
-from perfkit.measuring.scaling_run import (
-    ScalingConfig,
-    _gradient_sync_disabled,
-    _straggling,
-    raise_if_failed,
-    run_scaling,
-)
-from perfkit.measuring.train_config import TrainConfig
+from perfkit.measuring.training.scaling_run import ScalingConfig, _gradient_sync_disabled, _straggling, raise_if_failed, run_scaling
+from perfkit.measuring.training.config import TrainConfig
 
 TINY = TrainConfig(parallelism="ddp", steps=3, device="cpu")
 CONTRACT = ["world_size", "parallelism", "step_time_s", "global_batch_size", "per_device_batch_size",

@@ -1,4 +1,4 @@
-"""perfkit.measuring.shape_search on made-up throughput surfaces (no timing: the rate is a function)."""
+"""perfkit.measuring.kernels.shape_search on made-up throughput surfaces (no timing: the rate is a function)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from perfkit.measuring.shape_search import search_best_shape
+from perfkit.measuring.kernels.shape_search import search_best_shape
 
 
 def peaked(best_n: float, width_octaves: float = 1.0, peak: float = 100e9):

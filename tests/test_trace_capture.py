@@ -8,9 +8,9 @@ import pytest
 
 from perfkit.core.errors import BadInputError
 from perfkit.core.results import CONTEXT_ENV, RunContext
-from perfkit.measuring.trace_capture import DATA_WAIT_SPAN, ProfileSettings, StepProfiler
-from perfkit.measuring.train_config import TrainConfig
-from perfkit.measuring.training import run_training
+from perfkit.measuring.ops.trace_capture import DATA_WAIT_SPAN, ProfileSettings, StepProfiler
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import run_training
 
 
 def _events(path) -> dict:
@@ -86,7 +86,7 @@ def test_too_few_steps_for_the_profile_is_bad_input():
 
 
 def test_collectives_profile_pass_writes_a_trace_per_rank_with_a_step_per_point(tmp_path, monkeypatch):
-    from perfkit.measuring.collectives import CollectivesConfig, run_collectives
+    from perfkit.measuring.collectives.benchmark import CollectivesConfig, run_collectives
 
     _context(monkeypatch, tmp_path, "coll")
     rows = run_collectives(CollectivesConfig(ops=("all_reduce",), min_bytes=1024, max_bytes=4096, inplace=(True,),
@@ -103,7 +103,8 @@ def test_collectives_profile_pass_writes_a_trace_per_rank_with_a_step_per_point(
 
 
 def test_roofline_step_keeps_its_profiled_steps_as_a_trace(tmp_path):
-    from perfkit.measuring import roofline_step, workloads
+    from perfkit.measuring.ops import roofline_step
+    from perfkit.measuring.workloads import synthetic as workloads
 
     work = workloads.build(workloads.make_spec("mlp"), device="cpu")
     target = tmp_path / "roofline" / "rank0.json.gz"
@@ -166,8 +167,8 @@ def test_a_profiled_training_sweep_leaves_a_trace_per_configuration_and_rank_ana
 
 _PROFILE_TWICE = """
 import torch
-from perfkit.measuring.profiling import profile_op_times
-from perfkit.measuring.trace_capture import ProfileSettings, StepProfiler
+from perfkit.measuring.ops.profiling import profile_op_times
+from perfkit.measuring.ops.trace_capture import ProfileSettings, StepProfiler
 profile_op_times(torch.mm, torch.ones(8, 8), torch.ones(8, 8))
 import sys, tempfile
 with StepProfiler(ProfileSettings(wait=0, warmup=0, active=1), tempfile.mkdtemp() + "/t.json.gz", device="cpu") as p:

@@ -111,8 +111,8 @@ def test_diff_lists_what_changed_most_added_and_removed(traces, capsys):
 def profiled_ddp(tmp_path_factory) -> Path:
     """A results folder of one real profiled CPU training run: 2 DDP ranks under gloo, one trace each."""
     from perfkit.core.results import CONTEXT_ENV, RunContext, record
-    from perfkit.measuring.train_config import TrainConfig
-    from perfkit.measuring.training import run_training
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import run_training
 
     out = tmp_path_factory.mktemp("profiled-ddp") / "runs"
     ctx = RunContext(results_path=out / "results" / "ddp-cfg.parquet", config_id="ddp-cfg", params={"profile": True})

@@ -17,17 +17,12 @@ import pytest
 import torch
 
 from perfkit.analyse import mfu
-from perfkit.measuring import workloads
+from perfkit.measuring.workloads import synthetic as workloads
 from perfkit.core.devices import CpuPeak
 from perfkit.core.errors import BadInputError, ConfigurationSkipped, ExecutionFailed
-from perfkit.measuring.batch_search import find_max_batch_size
-from perfkit.measuring.train_config import TrainConfig
-from perfkit.measuring.training import (
-    OutOfMemoryError,
-    raise_for_status,
-    run_training,
-    train_step_benchmark,
-)
+from perfkit.measuring.training.batch_search import find_max_batch_size
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import OutOfMemoryError, raise_for_status, run_training, train_step_benchmark
 
 RTOL = 1e-4
 TIMEOUT_S = 120.0
@@ -314,7 +309,7 @@ def test_convnet_trains_in_process():
 def _gpu_rank_result(cfg: TrainConfig, device_name: str, step_s: float) -> dict:
     """What a rank of ``cfg`` on ``device_name`` would report, steps of ``step_s``: the row is
     built by the real code (training._row) from it, so its MFU and dtype columns are the row's."""
-    from perfkit.measuring.train_config import workload_spec
+    from perfkit.measuring.training.config import workload_spec
 
     work = workloads.build(workload_spec(cfg))
     return {"rank": 0, "losses": [4.0, 3.9, 3.8, 3.7], "step_time_samples_s": [step_s] * 3,
@@ -332,7 +327,9 @@ def _gpu_rank_result(cfg: TrainConfig, device_name: str, step_s: float) -> dict:
 def test_fp32_with_bf16_fsdp_params_is_a_bf16_row_everywhere():
     # FSDP2's MixedPrecisionPolicy(param_dtype=bf16) gathers bf16 weights and casts the forward
     # inputs: every matmul of the step runs in bf16 although precision says fp32.
-    from perfkit.measuring import activations, memory_model, training
+    from perfkit.measuring.training import activations
+    from perfkit.measuring.training import memory_model
+    from perfkit.measuring.training import step as training
 
     h100 = "NVIDIA H100 80GB HBM3"
     cfg = TrainConfig(**BASE, parallelism="zero3", world_size=2, fsdp_param_dtype="bfloat16")

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from perfkit.measuring.train_config import TrainConfig
-from perfkit.measuring.training import train_step_benchmark
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import train_step_benchmark
 
 
 @pytest.mark.slow

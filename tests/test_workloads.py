@@ -8,13 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from perfkit.core.errors import BadInputError
-from perfkit.measuring.workloads import (
-    ConvNetConfig,
-    MLPConfig,
-    TransformerConfig,
-    build,
-    make_spec,
-)
+from perfkit.measuring.workloads.synthetic import ConvNetConfig, MLPConfig, TransformerConfig, build, make_spec
 
 # Small enough that a forward+backward takes milliseconds on one core.
 TINY_GPT = TransformerConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16, vocab_size=24)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfkit.measuring.train_config import TrainConfig
-from perfkit.measuring.training import run_training, train_step_benchmark
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import run_training, train_step_benchmark
 
 RTOL = 1e-4
 TIMEOUT_S = 180.0

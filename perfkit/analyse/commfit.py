@@ -56,7 +56,7 @@ from perfkit.core.specs import spec_link
 __all__ = ["DEFAULT_BY", "MAX_REL_RMS", "RESOLVE_FACTOR", "MAX_CI_RATIO", "CONFIDENCE",
            "fit_alpha_beta", "predict", "busbw_curve"]
 
-#: Columns that identify a configuration in :func:`perfkit.measuring.collectives.run_collectives` rows;
+#: Columns that identify a configuration in :func:`perfkit.measuring.collectives.benchmark.run_collectives` rows;
 #: those absent from a frame are ignored.
 DEFAULT_BY = ("op", "inplace", "dtype", "world_size", "backend", "device", "knobs")
 

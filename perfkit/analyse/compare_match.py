@@ -44,7 +44,7 @@ TIMED_BY = {
     "dataloader": {"samples_per_s": "loader_batch_time_s", "bytes_per_s": "loader_batch_time_s",
                    "step_samples_per_s": _STEP},
     # analyse/inference.py: output rate over e2e, prefill rates over TTFT, the decode's over
-    # (N - 1)·TPOT; the phases' FLOP/s and bytes/s over the phase's time (measuring/inference.py).
+    # (N - 1)·TPOT; the phases' FLOP/s and bytes/s over the phase's time (measuring/inference/generate.py).
     "inference": {"output_tokens_per_s": "e2e_latency_s",
                   **dict.fromkeys(("prefill_tokens_per_s", "prefill_samples_per_s", "prefill_flop_per_s",
                                    "prefill_bytes_per_s"), "ttft_s"),

@@ -1,5 +1,5 @@
 """Data-loading analyses: input-bound classification, DS-Analyzer stall arithmetic, the worker
-recommendation, and the per-step breakdown. Pure pandas on :mod:`perfkit.measuring.dataloading`
+recommendation, and the per-step breakdown. Pure pandas on :mod:`perfkit.measuring.data.loading`
 rows (``workload == "dataloader"``).
 
 **Data-wait share.** Per step, the time blocked in the loader's ``next()`` divided by the step's

@@ -1,6 +1,6 @@
 """Memory levels: the plateaus of a bandwidth curve, named after the cache or memory that feeds them.
 
-Pure analysis (DataFrames in and out) beside the measuring in :mod:`perfkit.measuring.ceilings`, in the
+Pure analysis (DataFrames in and out) beside the measuring in :mod:`perfkit.measuring.kernels.ceilings`, in the
 spirit of the Empirical Roofline Toolkit's level detection. The cache sizes come from
 :mod:`perfkit.core.caches` (sysfs), which also holds the rule for what is memory-fed.
 """

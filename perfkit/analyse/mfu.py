@@ -4,9 +4,9 @@ MFU (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT ``estimate_mfu``; torchtit
 
     MFU = model FLOP per step / step time / (devices × dense peak FLOP/s of the dtype used)
 
-The model FLOP are analytic (:mod:`perfkit.measuring.workloads`: ``6·N + 12·L·H·Q·T`` per token for the
+The model FLOP are analytic (:mod:`perfkit.measuring.workloads.synthetic`: ``6·N + 12·L·H·Q·T`` per token for the
 transformer), so recomputation under activation checkpointing is not counted (that would be HFU).
-The counted-FLOP utilisation beside it divides the FLOP that :func:`perfkit.measuring.counting.count_ops`
+The counted-FLOP utilisation beside it divides the FLOP that :func:`perfkit.measuring.ops.counting.count_ops`
 saw in one real step (recompute, optimizer and elementwise work included) by the same time and
 peak. Both are NaN, with the reason, when the peak is unknown: an unknown GPU or a dtype the CPU
 has no theoretical peak for is never given another device's or dtype's numbers.

@@ -3,14 +3,14 @@
 attainable(I) = min over memory levels of min(P_dtype, I × B_level); ridge = P / B
 (``reference/formulas.md``; Williams, Waterman & Patterson, CACM 2009).
 
-The intensity of a point is its counted FLOP over its *minimum* bytes (``perfkit.measuring.counting``):
+The intensity of a point is its counted FLOP over its *minimum* bytes (``perfkit.measuring.ops.counting``):
 every input read once and every output written once, i.e. the traffic from main memory when
 caches hold nothing between ops. Against that intensity the binding memory roof is the slowest
 level (DRAM/HBM), which is what the min over levels picks. A cache level's roof applies to the
 traffic at that level, which a counter cannot see; ``level=`` draws the point against one
 chosen level (the hierarchical-roofline reading), never against the min.
 
-Ceilings table (produced by ``perfkit.measuring.ceilings`` and by the spec table), one row per ceiling:
+Ceilings table (produced by ``perfkit.measuring.kernels.ceilings`` and by the spec table), one row per ceiling:
 ``kind`` ("compute"|"memory"), ``dtype`` (compute: fp64, fp32, tf32, bf16, fp16, fp8; None for
 memory), ``level`` (memory: L1, L2, L3, DRAM, HBM; None for compute), ``value`` (FLOP/s or
 bytes/s), ``unit`` ("FLOP/s"|"bytes/s"), ``origin`` ("measured"|"spec"), ``source``.
@@ -142,7 +142,7 @@ def roofline_points(ops_df: pd.DataFrame, ceilings: pd.DataFrame, dtype: str | N
 
     ``dtype``: the compute roof for every point ("tf32" when TF32 was on); None maps each op's
     torch dtype with :func:`ceiling_dtype` (NaN roof for dtypes without one). Uncounted ops and
-    zero-work rows (views) are not points; :func:`perfkit.measuring.counting.coverage` reports them.
+    zero-work rows (views) are not points; :func:`perfkit.measuring.ops.counting.coverage` reports them.
     ``time_share`` divides by ``step_time_s``, or, when None, by the summed ``time_s`` of every
     row of ``ops_df``; the ``<step>`` row (op :data:`STEP_OP`) carries the counted totals over
     that same time, its bytes the sum of per-op minimum bytes (no reuse across ops).
@@ -229,7 +229,7 @@ def _nonscalar(shapes) -> tuple:
 def join_counts_with_times(counts_df: pd.DataFrame, times_df: pd.DataFrame) -> pd.DataFrame:
     """``counts_df`` with ``time_s`` replaced by profiler time per call from ``times_df``.
 
-    ``times_df`` is a :func:`perfkit.measuring.counting.profile_op_times` frame. A call takes its op's
+    ``times_df`` is a :func:`perfkit.measuring.ops.counting.profile_op_times` frame. A call takes its op's
     mean profiler time per call for the same non-scalar input shapes (``time_match`` "shapes"),
     else over all shapes of that op name ("op"), else NaN ("none"): a missing time stays
     missing rather than falling back to the dispatch-level one. The profiler merges calls of

@@ -58,7 +58,7 @@ row's own parallelism at world_size 1, e.g. DDP on one rank, which isolates the 
 Why compute and not step times per rank: in synchronous data parallelism every rank waits for the
 others inside the gradient collective, so all ranks' *step* times are the same by construction
 and their spread says nothing about stragglers. The compute-only step (no gradient sync, see
-:mod:`perfkit.measuring.scaling_run`: DDP without its all-reduce, FSDP with its parameters kept
+:mod:`perfkit.measuring.training.scaling_run`: DDP without its all-reduce, FSDP with its parameters kept
 gathered and no reduce-scatter) lets each rank run at its own pace, with no collective to wait in.
 
 Output columns are always present (NaN where an input is missing), so the schema does not depend

@@ -37,12 +37,12 @@ import pandas as pd
 from . import status as _status
 from .durable import write_atomic
 from .errors import BadInputError, ConfigurationSkipped
+from .results_files import IGNORE_MARKER, TMP_MARK, concat_to_pandas, merge_units, read_tables, result_files
 
 __all__ = ["RunContext", "current_context", "record", "skip", "load", "write_rows", "CONTEXT_ENV", "unit_of",
            "IGNORE_MARKER"]
 
 CONTEXT_ENV = "PERFKIT_CONTEXT"
-_TMP_MARK = ".tmp-"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -183,9 +183,9 @@ def write_rows(frame: pd.DataFrame, path: Path) -> None:
     meta = dict(table.schema.metadata or {})
     meta[b"perfkit.units"] = json.dumps(units).encode()
     table = table.replace_schema_metadata(meta)
-    # The temp name carries _TMP_MARK: load() skips a temp file a kill left behind.
+    # The temp name carries TMP_MARK: load() skips a temp file a kill left behind.
     write_atomic(path, lambda fh: pq.write_table(table, fh),
-                 tmp=path.with_name(f"{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}"))
+                 tmp=path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:8]}"))
 
 
 def record(rows, *, status: str = _status.OK, reason: str | None = None,
@@ -223,19 +223,6 @@ def _read_with_units(path: Path) -> tuple[pd.DataFrame, dict]:
     return table.to_pandas(), (json.loads(raw) if raw else {})
 
 
-def read_tables(files: list[Path]) -> list:
-    """The Arrow tables of ``files``, read in parallel (pyarrow releases the GIL;
-    ``ParquetFile.read`` skips the dataset machinery of ``read_table``), schema metadata kept."""
-    import concurrent.futures as cf
-
-    import pyarrow.parquet as pq
-
-    if not files:
-        return []
-    with cf.ThreadPoolExecutor(max_workers=min(4, len(files))) as pool:
-        return list(pool.map(lambda path: pq.ParquetFile(path).read(use_threads=False), files))
-
-
 def _read_many(files: list[Path]) -> tuple[pd.DataFrame, dict]:
     """Read many files fast: parallel reads, one Arrow concatenation with schema promotion (files
     of different notebooks have different columns), and a single conversion to pandas — per-file
@@ -248,57 +235,8 @@ def _read_many(files: list[Path]) -> tuple[pd.DataFrame, dict]:
     return concat_to_pandas(tables), units
 
 
-def merge_units(raw_units: Iterable[bytes | None]) -> dict:
-    """One ``{column: unit}`` from the ``perfkit.units`` metadata of several files, missing ones
-    skipped (a column's unit follows from its name, so files never disagree)."""
-    units: dict = {}
-    for raw in raw_units:
-        if raw:
-            units.update(json.loads(raw))
-    return units
-
-
-def concat_to_pandas(tables: list) -> pd.DataFrame:
-    """Arrow tables of different files as one DataFrame: one Arrow concatenation with type
-    promotion (``null`` → any, ``int`` → ``double``). Where two notebooks use one column name for
-    values of different types (an int64 ``count`` of elements beside a bool ``count`` flag) no
-    Arrow type holds both, but one such pair must not make a whole folder unreadable: that column
-    becomes Python objects, each value as written; every other column keeps its type."""
-    import pyarrow as pa
-
-    try:
-        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
-    except (pa.ArrowTypeError, pa.ArrowInvalid):
-        kinds: dict[str, set] = {}
-        for t in tables:
-            for column in t.schema:
-                if not pa.types.is_null(column.type):
-                    kinds.setdefault(column.name, set()).add(column.type)
-        mixed = [name for name, types in kinds.items() if len(types) > 1]
-        frames = [t.to_pandas().astype({c: object for c in mixed if c in t.column_names}) for t in tables]
-        return pd.concat(frames, ignore_index=True, sort=False)
-
-
 def _read_one(path: Path) -> pd.DataFrame:
     return _read_with_units(path)[0]
-
-
-#: A folder holding this file is not read for results: an export's copies of the Parquet files
-#: (the MLflow store under DIR keeps them as artifacts) must not be loaded twice.
-IGNORE_MARKER = ".perfkit-ignore"
-
-
-def result_files(directory: str | Path) -> list[Path]:
-    """Every complete results file under ``directory`` (temp files of interrupted writes excluded,
-    and folders that hold an ``IGNORE_MARKER`` file)."""
-    found = []
-    for root, dirs, names in os.walk(directory):
-        if IGNORE_MARKER in names:
-            dirs.clear()
-            continue
-        dirs[:] = [d for d in dirs if d != ".ipynb_checkpoints"]
-        found.extend(Path(root, n) for n in names if n.endswith(".parquet") and _TMP_MARK not in n)
-    return sorted(found)
 
 
 def load(directory: str | Path, *, statuses: Iterable[str] | None = None,

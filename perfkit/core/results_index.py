@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .durable import fsync_dir, write_text_atomic
-from .results import IGNORE_MARKER, result_files
+from .results_files import IGNORE_MARKER, parquet_format, result_files
 
 __all__ = ["INDEX_DIR", "ID", "FORMAT", "NO_INDEX_ENV", "Plan", "Part", "plan", "refresh"]
 
@@ -199,7 +199,6 @@ def _plan(directory: Path, index: Path, m: dict, files: list[Path], stats: dict)
     names = sorted(by_part, key=lambda n: by_part[n][0][1])
     parts = []
     if names:
-        from .results_scan import parquet_format
 
         dataset = ds.dataset([str(index / n) for n in names], format=parquet_format())
         for name, fragment in zip(names, dataset.get_fragments()):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import BadInputError
+from .results_files import concat_to_pandas, merge_units, parquet_format, read_tables
 
 __all__ = ["scan", "read_all"]
 
@@ -101,13 +102,6 @@ def scan(files: list[Path], columns, filters, statuses, directory: Path) -> tupl
             except (BadInputError, OSError, pa.lib.ArrowException):
                 pass  # the plain scan gives the answer, or the error, as without an index
     return q.answer(_file_sources(files, q), None)
-
-
-def parquet_format():
-    """The Parquet format every scan here uses (no pre-buffering: small files, read once)."""
-    import pyarrow.dataset as ds
-
-    return ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
 
 
 def _chunks(files: list[Path], extra: str | None) -> list:
@@ -223,7 +217,6 @@ class _Question:
             raise self.unreadable(exc) from None
         if columns is not None:
             table = table.select(columns)
-        from .results import merge_units
 
         units = merge_units(raw for src in sources for raw in src.units)
         frame = table.replace_schema_metadata(None).to_pandas()
@@ -266,7 +259,6 @@ def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from .results import read_tables
     from .results_index import ID, plan
 
     # A plain load never writes: a sweep that adds files between loads would rewrite the index
@@ -294,7 +286,6 @@ def read_all(directory: Path, files: list[Path]) -> tuple[pd.DataFrame, dict] | 
         return None
     order = np.argsort(np.concatenate([pos for _, pos, _ in found]), kind="stable")
     tables = [t for _, _, t in found]
-    from .results import concat_to_pandas, merge_units
 
     return concat_to_pandas(tables).iloc[order].reset_index(drop=True), merge_units(units)
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..core import status as st
 from ..core.errors import BadInputError, PerfkitError
-from ..core.results import IGNORE_MARKER
+from ..core.results_files import IGNORE_MARKER
 from .export_rows import Configuration, configurations, counts
 
 __all__ = ["export_mlflow", "default_tracking_uri", "require_mlflow", "MlflowExport",

@@ -23,7 +23,8 @@ import pandas as pd
 
 from ..core import status as st
 from ..core.errors import BadInputError
-from ..core.results import load, result_files
+from ..core.results import load
+from ..core.results_files import result_files
 
 __all__ = ["Configuration", "configurations", "counts", "ending", "metric_columns", "param_text"]
 

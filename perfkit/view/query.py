@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import BadInputError
-from ..core.results import result_files
+from ..core.results_files import result_files
 
 __all__ = ["query", "connect", "require_duckdb", "add_query_command", "run_query", "HELP"]
 

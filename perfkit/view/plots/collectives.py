@@ -1,6 +1,6 @@
 """Collective plots: busbw against message size with the α-β model, and a comparison across knobs.
 
-Rows are :func:`perfkit.measuring.collectives.run_collectives` rows as :func:`perfkit.record` stores them;
+Rows are :func:`perfkit.measuring.collectives.benchmark.run_collectives` rows as :func:`perfkit.record` stores them;
 only ``status == "ok"`` rows with a positive busbw count. A configuration is one (op, in-place,
 dtype, backend, world_size, device, knobs) group, the :data:`perfkit.analyse.commfit.DEFAULT_BY` columns.
 busbw follows nccl-tests (``shared/reference/formulas.md``): algbw × 2(n−1)/n for all_reduce.

@@ -1,7 +1,7 @@
 """Data-loading plots: step throughput against workers per format, the step split into compute
 and data wait, the DS-Analyzer stall split, and the recommendation table.
 
-Rows are :func:`perfkit.measuring.dataloading.run_loader_benchmark` rows (``workload ==
+Rows are :func:`perfkit.measuring.data.loading.run_loader_benchmark` rows (``workload ==
 "dataloader"``); only ``ok`` ones are drawn. One line per series: the format, plus pinning and
 whatever other setting varies among the rows (decode cost, batch size, ...). Noisy points (step
 time IQR/median > 0.1) are hollow; the recommended setting of each series' group is a star.

@@ -1,7 +1,7 @@
 """Inference plots: TTFT and TPOT against batch and prompt length, throughput against latency, and
 prefill and decode on the roofline.
 
-Rows are :func:`perfkit.measuring.inference.run_inference` rows (``workload == "inference"``).
+Rows are :func:`perfkit.measuring.inference.generate.run_inference` rows (``workload == "inference"``).
 Lines join rows that differ only in the x axis; their label names what else varies (batch or
 prompt length, precision, ``kv cache`` / ``no cache``, compile, SDPA backend). A point is the
 median (TTFT, TPOT: vLLM's definitions, :mod:`perfkit.analyse.inference`), its whisker reaches

@@ -5,7 +5,7 @@ Rows are training-step rows (``workload == "train_step"``) with a parallelism ot
 ``param_bytes``, ``grad_bytes``, ``optim_state_bytes`` columns, the maximum over ranks, from the
 tensors held after the last step) does not depend on the batch size, so each series
 (parallelism × world size, precision, model) is one stacked bar, the memory model's prediction
-(``model_state_bytes_predicted``, :mod:`perfkit.measuring.memory_model`) a marker on it. Peak
+(``model_state_bytes_predicted``, :mod:`perfkit.measuring.training.memory_model`) a marker on it. Peak
 memory and throughput against the batch are the training section's plots; the pipeline's bubble
 is :func:`perfkit.view.plots.pipeline.bubble_vs_microbatches`.
 """

@@ -1,6 +1,6 @@
 """Pipeline-parallel plots: the bubble fraction against microbatches, one colour per schedule.
 
-Rows are training-step rows with ``parallelism == "pp"`` (:mod:`perfkit.measuring.pipeline`), reduced by
+Rows are training-step rows with ``parallelism == "pp"`` (:mod:`perfkit.measuring.training.pipeline`), reduced by
 :func:`perfkit.analyse.pipeline_bubble.bubble_table`. Measured bubbles are points, joined by a
 solid line; the prediction (Narayanan et al., SC'21, section 2.2) is a dashed line, absent where
 it has no closed form (the zero-bubble schedules). The hover splits a measured bubble into the

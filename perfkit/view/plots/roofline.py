@@ -25,7 +25,7 @@ __all__ = ["roofline", "roofline_static", "roofline_section"]
 
 _STEP_OP = "<step>"  # perfkit.analyse.roofline.STEP_OP; not imported so plotting stays free of torch
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
-_FAMILY_COLORS = {  # Category10, in perfkit.measuring.counting.FAMILIES order
+_FAMILY_COLORS = {  # Category10, in perfkit.measuring.ops.counting.FAMILIES order
     "matmul": "#1f77b4", "conv": "#ff7f0e", "attention": "#2ca02c", "norm": "#d62728",
     "softmax": "#9467bd", "reduction": "#8c564b", "elementwise": "#e377c2",
     "embedding": "#7f7f7f", "loss": "#bcbd22", "other": "#17becf",

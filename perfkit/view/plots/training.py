@@ -1,6 +1,6 @@
 """Training-step plots: throughput, peak memory and MFU against batch size.
 
-Rows are :func:`perfkit.measuring.training.run_training` rows (``workload == "train_step"``). One line per
+Rows are :func:`perfkit.measuring.training.step.run_training` rows (``workload == "train_step"``). One line per
 series: the precision, plus the parallelism (× world size) and the model when the rows hold
 more than one of them. Rows whose status is not ``ok`` are not drawn, except ``oom`` rows, which
 the throughput plot marks with an × at the batch size that ran out of memory.

@@ -1,0 +1,73 @@
+"""The OOM edge: the largest global batch a training configuration fits, measured beside predicted.
+
+:func:`find_max_batch_size` runs :func:`perfkit.measuring.training.step.run_training` at growing batch
+sizes (each run isolated in its own processes, so an OOM ends a run, never the search) and puts
+the edge :func:`perfkit.measuring.training.memory_model.predicted_max_batch` predicts beside the one it
+measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from perfkit.core.errors import BadInputError
+from perfkit.core.status import OK, OOM
+from perfkit.measuring.training import memory_model
+from perfkit.measuring.training.config import TrainConfig, config_device
+from perfkit.measuring.training.step import run_training
+
+__all__ = ["find_max_batch_size"]
+
+
+def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: float = 600.0,
+                        multiple_of: int | None = None, memory_budget_bytes: int | None = None) -> dict:
+    """Largest global batch in [start, limit] that trains without OOM: double from ``start``
+    until a run OOMs (or ``limit``), then bisect between the last fit and the first OOM down to
+    ``multiple_of`` (default: the data-parallel size). On CPU set
+    ``address_space_headroom_bytes``, or the kernel's OOM killer ends the search instead.
+
+    Returns ``max_batch_size`` (None if ``start`` does not fit), ``probes`` (batch size, status),
+    ``stopped_by`` (a row whose status was neither ok nor oom, else None) and, beside the measured
+    edge, ``max_batch_size_predicted`` by :func:`perfkit.measuring.training.memory_model.predicted_max_batch`
+    for ``memory_budget_bytes`` per rank (default: the address-space headroom, else the GPU's
+    memory; None without a budget) and the ``memory_budget_bytes`` it used.
+    """
+    step = multiple_of or cfg.dp_size
+    if not 1 <= start <= limit or start % step or step < 1:
+        raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
+    budget = memory_budget_bytes or cfg.address_space_headroom_bytes or (
+        torch.cuda.get_device_properties(0).total_memory if config_device(cfg) == "cuda" else None)
+    predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
+        cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget}
+    probes: list[tuple[int, str]] = []
+
+    def fits(batch: int) -> bool | dict:
+        row = run_training(replace(cfg, batch_size=batch), timeout_s)
+        probes.append((batch, row["status"]))
+        return True if row["status"] == OK else False if row["status"] == OOM else row
+
+    good, bad, batch = None, None, start
+    while True:
+        verdict = fits(batch)
+        if isinstance(verdict, dict):
+            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict, **predicted}
+        if not verdict:
+            bad = batch
+            break
+        good = batch
+        if batch >= limit:
+            break
+        batch = min(batch * 2, limit // step * step)
+        if batch <= good:
+            break
+    while good is not None and bad is not None and bad - good > step:
+        mid = (good + bad) // 2 // step * step
+        if mid <= good:
+            break
+        verdict = fits(mid)
+        if isinstance(verdict, dict):
+            return {"max_batch_size": good, "probes": probes, "stopped_by": verdict, **predicted}
+        good, bad = (mid, bad) if verdict else (good, mid)
+    return {"max_batch_size": good, "probes": probes, "stopped_by": None, **predicted}

@@ -1,0 +1,419 @@
+"""The training-step benchmark: one configuration in, one results row out.
+
+A seeded synthetic task from :mod:`perfkit.measuring.workloads.synthetic` (``mlp`` regression, ``transformer``
+next-token prediction, ``convnet`` classification) runs ``steps`` optimizer steps; every step
+after ``warmup_steps`` is timed between device synchronizations and kept as a raw sample. The
+global batch is the same whatever the parallelism: DDP, FSDP and the ZeRO stages split it across
+ranks, tensor parallel gives every rank all of it, FSDP × TP splits it over the ``dp`` ranks of
+its mesh, so a parallel run follows the single-process loss trajectory (up to floating-point
+reassociation).
+
+The row (``workload = "train_step"``) holds the step time (median, IQR, raw samples), samples/s
+and tokens/s, peak memory, the loss trajectory, and MFU beside the counted-FLOP utilisation
+(:mod:`perfkit.analyse.mfu`; the convention in ``mfu_convention``), of the peak of the row's
+``compute_dtype`` (:attr:`TrainConfig.compute_dtype`; ``matmul_dtype_counted``: what ran). The counted FLOP come from
+:class:`perfkit.measuring.ops.counting.OpCounter` around the forward and backward of the first warm-up step
+(the optimizer step is left out, as it is from the analytic model FLOP), so counting costs no
+timed step and changes no number; under tensor parallel and torch.compile nothing is counted
+(NaN, with the reason in ``counted_flop_reason``). The same counted step gives the collectives
+its forward and backward issued (``all_gather_calls_per_step``, ``reduce_scatter_calls_per_step``,
+``all_reduce_calls_per_step``: c10d ops seen by the dispatch-level counter on rank 0).
+
+Memory per rank (:mod:`perfkit.measuring.training.memory_model`): the parameter, gradient and optimizer-state
+bytes each rank holds after the last step (``param_bytes``, ``grad_bytes``, ``optim_state_bytes``,
+the max over ranks) beside their ``_predicted`` values, ``model_state_bytes_predicted``, and
+``activation_bytes_predicted`` beside ``activation_bytes_measured`` (what autograd held saved on
+the last warm-up step; NaN with ``activation_bytes_measured_reason`` where not measured);
+``peak_mem_bytes`` is the CUDA allocator's peak on a GPU.
+
+The configuration and the device-support check are in :mod:`perfkit.measuring.training.config`.
+Entry points: :func:`train_step_benchmark` (this process), :func:`train_rank` (a
+:func:`perfkit.run.launch.launch` target), :func:`run_training` (either, always a row),
+and, for notebooks, :func:`raise_for_status`; the OOM-edge search is
+:func:`perfkit.measuring.training.batch_search.find_max_batch_size`. A setting the device
+cannot honour raises :class:`~perfkit.core.errors.ConfigurationSkipped` before any work
+(``run_training``: a ``skipped`` row).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import resource
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from perfkit.analyse import mfu, pipeline_bubble
+from perfkit.core import precision
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, error_row, raise_for_status  # noqa: F401 - the notebooks call training.raise_for_status
+from perfkit.core.timing import Measurement
+from perfkit.measuring.training import activations
+from perfkit.measuring.training import memory_model
+from perfkit.measuring.training import parallel
+from perfkit.measuring.ops import trace_capture
+from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
+
+__all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
+           "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize"]
+
+# ---- the benchmark -----------------------------------------------------------------------------
+
+
+def batch_seed(cfg: TrainConfig, step: int) -> int:
+    """The seed of global batch ``step``: one draw from (seed, step), whatever the parallelism."""
+    return cfg.seed * 2**32 + step
+
+
+def _batch(cfg: TrainConfig, work: workloads.Workload, step: int, ctx: parallel.DistContext,
+           device: torch.device):
+    """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
+    single process see the same global batch; then copied, so the rank holds only its slice
+    (as a real loader's), not a view keeping the global batch alive on a CPU."""
+    inputs, target = work.make_batch(cfg.batch_size, seed=batch_seed(cfg, step))
+    size = cfg.batch_size // ctx.dp_size
+    lo = size * ctx.dp_rank
+    inputs, target = (inputs[lo:lo + size].to(device, copy=True),
+                      target[lo:lo + size].to(device, copy=True))
+    if cfg.precision == "bf16-pure" and inputs.is_floating_point():
+        inputs = inputs.to(torch.bfloat16)
+    return inputs, target
+
+
+def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloads.Workload]:
+    # Weights come from spec.seed: identical on every rank and in one process.
+    work = workloads.build(workload_spec(cfg), device=device,
+                           dtype=torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32)
+    model = work.model
+    model.activation_checkpointing = cfg.activation_checkpointing
+    if cfg.precision == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model)
+    if cfg.parallelism in ("ddp", "zero1"):
+        model = parallel.wrap_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb,
+                                  gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+                                  static_graph=cfg.static_graph, comm_hook=cfg.comm_hook)
+    elif cfg.parallelism in ("fsdp", "zero2", "zero3"):
+        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard,
+                                    param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
+                                    reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
+    elif cfg.parallelism == "fsdp_tp":
+        model = parallel.apply_fsdp_tp(model, dp_degree=cfg.dp_size, tp_degree=cfg.tp_size,
+                                       reshard_after_forward=cfg.reshard,
+                                       param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
+                                       reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
+    elif cfg.parallelism == "tp":
+        model = parallel.apply_tp(model)
+    if cfg.compile:
+        model = torch.compile(model, mode=cfg.compile_mode)
+    return model, work
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_mem_bytes(device: torch.device) -> tuple[int, str]:
+    """This process's peak memory and its kind: the CUDA allocator's peak on a GPU, else ru_maxrss."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    # ru_maxrss is in KiB on Linux (bytes on macOS) and covers the process's whole life.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "cpu_max_rss"
+
+
+def _count_reason(cfg: TrainConfig) -> str | None:
+    """Why the first step's FLOP are not counted, or None when they are."""
+    if not cfg.count_flops:
+        return "count_flops is off"
+    if cfg.warmup_steps < 1:
+        return "no warm-up step to count on (warmup_steps is 0)"
+    if cfg.compile:
+        # Compiled kernels run below the dispatcher: the counter would see a fraction of the ops.
+        return "not counted under torch.compile (fused kernels bypass the dispatch-level counter)"
+    if cfg.parallelism == "pp":
+        return "not counted under pp (the schedule runs the stages' forward and backward)"
+    if cfg.parallelism in ("tp", "fsdp_tp"):
+        # Above DTensor's dispatch the counter sees sharded-weight matmuls at their global shape
+        # and the ops between them at shard shape: neither one rank's count nor the sum is exact.
+        return "not counted under tensor parallel (DTensor ops mix global and shard shapes)"
+    return None
+
+
+def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
+    """Train ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
+    from perfkit.measuring.ops.counting import OpCounter, coverage
+
+    device = rank_device(cfg)
+    model, work = _prepare(cfg, device)
+    optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism, lr=cfg.lr)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    count = _count_reason(cfg) is None
+    losses, samples_s, data_s, counted, saved_peak, gather_peak = [], [], [], None, math.nan, math.nan
+    profiler = trace_capture.StepProfiler(
+        trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
+        trace_capture.rank_trace_path(cfg.trace_dir, ctx.rank), device=device.type, skip_steps=cfg.warmup_steps)
+    # One precision policy (perfkit.core.precision): fp32 matmuls and cuDNN convolutions IEEE unless
+    # cfg.precision is tf32; on ROCm tf32 also sets HIPBLASLT_ALLOW_TF32 for the run.
+    with precision.math_mode(cfg.precision), profiler:
+        for step in range(cfg.steps):
+            t_data = time.perf_counter()
+            with trace_capture.data_wait_span():
+                inputs, target = _batch(cfg, work, step, ctx, device)
+                if cfg.data_delay_s:
+                    time.sleep(cfg.data_delay_s)
+            if step >= cfg.warmup_steps:
+                data_s.append(time.perf_counter() - t_data)
+            counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
+            synchronize(device)
+            t0 = time.perf_counter()
+            # Forward and backward: what the analytic model FLOP describe (counted on step 0) and
+            # where the saved activations are measured (on the last warm-up step).
+            with counter, activations.step_meter(cfg, step, model.parameters(),
+                                                 functools.partial(memory_model.fsdp_gathered, model)) as meter:
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    out = model(inputs)
+                # The loss in fp32 whatever the compute dtype.
+                loss = work.loss_fn(out.float(), target)
+                # fp16: scale the loss so small gradients do not flush to zero.
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            synchronize(device)
+            if step >= cfg.warmup_steps:
+                samples_s.append(time.perf_counter() - t0)
+            if isinstance(counter, OpCounter):
+                counted = counter.frame()
+            if meter is not None:
+                saved_peak, gather_peak = float(meter.peak_bytes), float(meter.gather_peak_bytes)
+            losses.append(loss.detach().float())
+            profiler.step()
+    losses_t = torch.stack(losses)
+    if ctx.dp_size > 1:  # the global-batch loss is the mean of the equal-sized slices' losses
+        torch.distributed.all_reduce(losses_t)  # each slice's loss, once per rank that holds it
+        losses_t /= ctx.world_size
+    peak, peak_kind = peak_mem_bytes(device)
+    held = memory_model.measured_model_state(model, optimizer)
+    uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
+    return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
+            "data_time_samples_s": data_s, "trace_path": str(profiler.path) if profiler.path else None,
+            "trace_reason": profiler.reason,
+            "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
+            "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
+            "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
+            "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
+            "activation_bytes_measured": saved_peak, "param_gather_bytes_measured": gather_peak,
+            "matmul_dtype_counted": _matmul_dtype(counted), "uncounted_ops": uncounted,
+            "grad_scale": scaler.get_scale() if scaler else math.nan,
+            **rank_facts(work, device)}
+
+
+def rank_device(cfg: TrainConfig) -> torch.device:
+    """This rank's device (its CUDA device under torchrun), its allocator peak reset."""
+    device = torch.device(config_device(cfg))
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.reset_peak_memory_stats(device)
+    return device
+
+
+def rank_facts(work: workloads.Workload, device: torch.device) -> dict:
+    """What a rank reports beside its measurements: the workload's sizes and its device."""
+    from perfkit.core.cpu_share import cpu_share
+    from perfkit.core.devices import detect
+
+    info = detect(str(device))
+    return {"n_params": work.n_params, "n_params_non_embedding": work.n_params_non_embedding,
+            "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "device": device.type, "device_kind": info.kind, "device_name": info.name,
+            # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
+            "device_compute_units": info.compute_units,
+            "cpu_share": cpu_share().as_dict() if device.type == "cpu" else None}
+
+
+_COLLECTIVES = {"all_gather": ("allgather",), "reduce_scatter": ("reduce_scatter",),
+                "all_reduce": ("allreduce",)}
+
+
+def _collective_calls(counted) -> dict[str, int] | None:
+    """Calls per collective kind among the c10d ops of the counted step (None: not counted)."""
+    if counted is None:
+        return None
+    ops = [op for op in counted["op"] if op.startswith("c10d.")]
+    return {kind: sum(any(k in op for k in keys) for op in ops) for kind, keys in _COLLECTIVES.items()}
+
+
+def _matmul_dtype(counted) -> str | None:
+    """The dtype that carried most of the counted matmul FLOP: what the matmuls ran in."""
+    if counted is None or not (mm := counted[counted["family"] == "matmul"]).size:
+        return None
+    return str(mm.groupby("dtype")["flop"].sum().idxmax())
+
+
+def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
+    """FLOP counted in one step over all ranks, or (NaN, why not)."""
+    reason = _count_reason(cfg)
+    if reason is None:
+        # Each rank counted the forward and backward of its slice of the batch (FSDP2 gathers
+        # whole parameters for them, so these are plain, unsharded ops).
+        return float(sum(r["counted_flop"] for r in rank_results)), None
+    return math.nan, reason
+
+
+def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
+    """One results row from every rank's result: a step lasts as long as its slowest rank."""
+    per_step = [max(times) for times in zip(*(r["step_time_samples_s"] for r in rank_results))]
+    data_samples = [max(times) for times in zip(*(r["data_time_samples_s"] for r in rank_results))]
+    timing = Measurement(samples_s=tuple(per_step), warmup_calls=cfg.warmup_steps,
+                         label=f"{cfg.model} {cfg.parallelism} step").as_row("step_time")
+    first, losses = rank_results[0], rank_results[0]["losses"]
+    step_s = timing["step_time_s"]
+    tokens = (cfg.batch_size * first["tokens_per_sample"] if first["tokens_per_sample"]
+              else math.nan)
+    # One GPU per rank (peak × world_size); on a CPU the peak of the physical cores the ranks'
+    # affinity and threads gave them (perfkit.analyse.mfu); of the dtype the matmuls ran in.
+    peak = mfu.peak_flop_per_s(device_kind=first["device_kind"], device_name=first["device_name"],
+                               precision=cfg.compute_dtype, devices=cfg.world_size,
+                               compute_units=first.get("device_compute_units"),
+                               cpu_shares=[r["cpu_share"] for r in rank_results if r.get("cpu_share")])
+    model_flop = float(first["flop_per_sample"] * cfg.batch_size)
+    counted_flop, counted_reason = _counted_step_flop(cfg, rank_results)
+    return {
+        **cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None, **timing,
+        "samples_per_s": cfg.batch_size / step_s,
+        "tokens_per_s": tokens / step_s,
+        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rank_results),
+        "peak_mem_bytes_per_rank": [r["peak_mem_bytes"] for r in rank_results],
+        "peak_mem_kind": first["peak_mem_kind"], "n_params": first["n_params"],
+        "n_params_non_embedding": first["n_params_non_embedding"],
+        "step_model_flop": model_flop,
+        "model_flop_per_s": model_flop / step_s,
+        "peak_flop_per_s": peak.flop_per_s,
+        "peak_source": peak.source,
+        "cpu_threads": peak.cpu_threads, "cpu_cores_counted": peak.cpu_cores,
+        "mfu": mfu.utilisation(model_flop, step_s, peak),
+        "mfu_convention": mfu.mfu_convention(cfg.model, peak),
+        "mfu_reason": peak.reason,
+        "step_counted_flop": counted_flop,
+        "counted_flop_per_s": counted_flop / step_s,
+        "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),
+        "counted_flop_reason": counted_reason or peak.reason,
+        "matmul_dtype_counted": first.get("matmul_dtype_counted"),
+        "uncounted_ops": ", ".join(sorted(set().union(*(r["uncounted_ops"] for r in rank_results)))),
+        "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+        "loss_fell": bool(losses[-1] < losses[0]),
+        "resolved_device": first["device"], "device_name": first["device_name"],
+        "grad_scale": first["grad_scale"],
+        # The batch fetch, outside the timed step (slowest rank per step, as the step).
+        "data_time_s": _median(data_samples),
+        "data_time_samples_s": data_samples,
+        "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
+        "trace_reason": first["trace_reason"],
+        **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
+        **memory_model.row_columns(cfg, rank_results), "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
+        **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
+        **(_pipeline_columns(cfg, rank_results) if cfg.parallelism == "pp" else {}),
+    }
+
+
+def _pipeline_columns(cfg: TrainConfig, rank_results: list[dict]) -> dict:
+    """A pipeline row's bubble (:func:`perfkit.analyse.pipeline_bubble.row_columns`) and stages."""
+    return {**pipeline_bubble.row_columns(cfg.pp_schedule, cfg.n_microbatches, cfg.stages_per_rank,
+                                          [r["intervals"] for r in rank_results],
+                                          [r["window_samples_s"] for r in rank_results]),
+            "pp_stages": cfg.world_size * cfg.stages_per_rank,
+            "stages_per_rank_held": [r["stages"] for r in rank_results],
+            "stage_params_per_rank": [r["stage_params"] for r in rank_results]}
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def with_trace_dir(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its traces' folder set: beside the current configuration's results."""
+    if not cfg.profile or cfg.trace_dir is not None:
+        return cfg
+    # One configuration may run several trainings (a scaling run: one per world size): each its folder.
+    run = f"{cfg.model}-{cfg.parallelism}{cfg.world_size}-b{cfg.batch_size}-{cfg.precision}-{uuid.uuid4().hex[:6]}"
+    return replace(cfg, trace_dir=str(trace_capture.current_trace_dir(run)))
+
+
+def train_step_benchmark(cfg: TrainConfig) -> dict:
+    """Run ``cfg`` in this process (parallelism ``none``) and return its results row."""
+    if cfg.parallelism != "none" or cfg.address_space_headroom_bytes is not None:
+        raise BadInputError("train_step_benchmark runs one process without a memory cap; "
+                            "use run_training for parallel or capped runs")
+    check_supported(cfg)
+    cfg = with_trace_dir(cfg)
+    return _row(cfg, [_run(cfg, parallel.dist_context("none"))])
+
+
+def _cap_address_space(headroom_bytes: int) -> None:
+    with open("/proc/self/status") as f:
+        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_kib * 1024 + headroom_bytes, hard))
+
+
+def train_rank(config: dict) -> dict:
+    """:func:`perfkit.run.launch.launch` target: one rank of ``TrainConfig(**config)``."""
+    cfg = TrainConfig(**config)
+    check_supported(cfg)
+    if cfg.address_space_headroom_bytes is not None:
+        _cap_address_space(cfg.address_space_headroom_bytes)
+    return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
+
+
+def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
+                 isolate: bool | None = None) -> dict:
+    """Run ``cfg`` and return one row, whatever happens (``status`` says how it ended).
+
+    Parallel runs, capped runs and ``isolate=True`` go through :func:`perfkit.run.launch.launch`
+    (``timeout_s`` enforced, an OOM cannot take the caller down); otherwise the run happens in
+    this process, where ``timeout_s`` cannot be enforced.
+    """
+    base = {**cfg.as_row(), "workload": WORKLOAD, "error": None}
+    try:
+        check_supported(cfg)
+    except ConfigurationSkipped as skipped:
+        return {**base, "status": SKIPPED, "error": skipped.reason}
+    if isolate is None:
+        isolate = cfg.parallelism != "none" or cfg.address_space_headroom_bytes is not None
+    if not isolate:
+        try:
+            return train_step_benchmark(cfg)
+        except Exception as error:  # noqa: BLE001 - the row records every ending
+            return error_row(base, error)
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # after an OOM, give the next configuration a clean pool
+    from perfkit.run.launch import launch
+
+    device = config_device(cfg)
+    cfg = with_trace_dir(cfg)
+    target = ("perfkit.measuring.training.pipeline:pipeline_rank" if cfg.parallelism == "pp"
+              else "perfkit.measuring.training.step:train_rank")
+    result = launch(target, cfg.as_dict(), world_size=cfg.world_size,
+                    backend="nccl" if device == "cuda" else "gloo", timeout_s=timeout_s,
+                    device=device)
+    if result.status != OK:
+        return {**base, "status": result.status, "error": result.error,
+                "failed_rank": result.failed_rank}
+    return _row(cfg, list(result.rank_results))
+
