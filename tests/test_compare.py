@@ -298,7 +298,7 @@ def _inference_side(root: Path, seed: int, **times) -> Path:
 
 
 def _loader_rows(rng, *, step_s, batch_s, step_sigma=0.01, batch_sigma=0.01):
-    """A data-loading row as ``measuring.dataloading`` writes it (its own column builders), from
+    """A data-loading row as ``measuring.data.loading`` writes it (its own column builders), from
     synthetic loader-only batch times and step times."""
     from perfkit.measuring.data import loading as dl
 

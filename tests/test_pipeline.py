@@ -22,6 +22,7 @@ import math
 
 import pytest
 
+from _training_targets import run_training_shared
 from perfkit.analyse import pipeline_bubble as pb
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring.training import pipeline_stages as ps
@@ -308,8 +309,9 @@ def single_process_losses():
 
 @pytest.fixture(scope="module")
 def parity_rows():
-    return {schedule: run_training(TrainConfig(**PP, pp_schedule=schedule, n_microbatches=4), TIMEOUT_S)
-            for schedule in ("GPipe", "1F1B")}
+    schedules = ("GPipe", "1F1B")  # one launch for both (tests/_training_targets.py)
+    rows = run_training_shared([TrainConfig(**PP, pp_schedule=s, n_microbatches=4) for s in schedules], 2 * TIMEOUT_S)
+    return dict(zip(schedules, rows))
 
 
 @pytest.mark.slow
@@ -362,13 +364,14 @@ def test_every_schedule_runs_on_gloo_or_is_listed_as_hanging(parity_rows, delaye
 
 @pytest.fixture(scope="module")
 def delayed_rows():
+    points = [(schedule, v, m) for schedule, v, ms in [("1F1B", 1, (2, 4, 8)), ("Interleaved1F1B", 2, (2, 4, 8)),
+                                                       ("GPipe", 1, (8,))] for m in ms]
+    # One launch for all seven (tests/_training_targets.py): each point still a whole pp run.
+    cfgs = [TrainConfig(**DELAYED, pp_schedule=s, stages_per_rank=v, n_microbatches=m) for s, v, m in points]
     rows = {}
-    for schedule, v, ms in [("1F1B", 1, (2, 4, 8)), ("Interleaved1F1B", 2, (2, 4, 8)), ("GPipe", 1, (8,))]:
-        for m in ms:
-            row = run_training(TrainConfig(**DELAYED, pp_schedule=schedule, stages_per_rank=v,
-                                           n_microbatches=m), TIMEOUT_S)
-            assert row["status"] == "ok", row["error"]
-            rows[schedule, m] = row
+    for (schedule, _, m), row in zip(points, run_training_shared(cfgs, len(cfgs) * TIMEOUT_S)):
+        assert row["status"] == "ok", row["error"]
+        rows[schedule, m] = row
     return rows
 
 

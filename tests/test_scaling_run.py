@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import perfkit
+from _parity import assert_within_noise, ok_rows, sweep_rows
 from conftest import NOTEBOOKS, REPO
 from perfkit.measuring.training import parallel
 from perfkit.analyse import scaling
@@ -247,6 +248,19 @@ def test_notebook_records_scaling_rows_against_both_baselines(notebook_run):
         hv.render(obj, backend="bokeh")
     executed = next((out / "notebooks").glob("*.ipynb")).read_text()
     assert "efficiency_vs_wrapper" in executed
+
+
+@pytest.mark.slow
+def test_the_notebook_measures_the_same_under_sweep_as_under_run(notebook_run, tmp_path):
+    # The same parameters as notebook_run's `perfkit run`, as a sweep on one 2-core slot: every
+    # rank computes with the 1 thread threads_per_rank asks (tests/_parity.py says why it did not).
+    proc, out = notebook_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = ok_rows(out)
+    sweep = sweep_rows(NOTEBOOKS / "scaling.ipynb", {"steps": 6}, tmp_path / "sweep")
+    threads = [list(t) for t in run["rank_cpu_threads"]]
+    assert threads == [list(t) for t in sweep["rank_cpu_threads"]] == [[1] * int(n) for n in run["world_size"]]
+    assert_within_noise(run, sweep)
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ from perfkit.measuring.workloads import synthetic as workloads
 from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
-           "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize"]
+           "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize", "row_from_ranks"]
 
 # ---- the benchmark -----------------------------------------------------------------------------
 
@@ -275,7 +275,7 @@ def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[floa
     return math.nan, reason
 
 
-def _row(cfg: TrainConfig, rank_results: list[dict]) -> dict:
+def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
     """One results row from every rank's result: a step lasts as long as its slowest rank."""
     per_step = [max(times) for times in zip(*(r["step_time_samples_s"] for r in rank_results))]
     data_samples = [max(times) for times in zip(*(r["data_time_samples_s"] for r in rank_results))]
@@ -361,7 +361,7 @@ def train_step_benchmark(cfg: TrainConfig) -> dict:
                             "use run_training for parallel or capped runs")
     check_supported(cfg)
     cfg = with_trace_dir(cfg)
-    return _row(cfg, [_run(cfg, parallel.dist_context("none"))])
+    return row_from_ranks(cfg, [_run(cfg, parallel.dist_context("none"))])
 
 
 def _cap_address_space(headroom_bytes: int) -> None:
@@ -415,5 +415,5 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
     if result.status != OK:
         return {**base, "status": result.status, "error": result.error,
                 "failed_rank": result.failed_rank}
-    return _row(cfg, list(result.rank_results))
+    return row_from_ranks(cfg, list(result.rank_results))
 
