@@ -55,9 +55,14 @@ def ok_rows(out: Path):
 
 
 def assert_within_noise(run, sweep) -> None:
+    """Each side's fastest step within :data:`NOISE_BAND` of the other's median. The two sides
+    run minutes apart beside different tests (three workers on two cores): a neighbour's burst
+    moved one side's median 3.9x (run 25.9 ms, sweep 6.6 ms, no bug); its fastest of the timed
+    steps is the one least disturbed, while the bug slowed every step (2 ranks x 2 threads)."""
     assert run[KEYS].values.tolist() == sweep[KEYS].values.tolist()
     for (_, a), (_, b) in zip(run.iterrows(), sweep.iterrows()):
-        ratio = b["step_time_s"] / a["step_time_s"]
-        assert 1 / NOISE_BAND <= ratio <= NOISE_BAND, (
-            f"{a['parallelism']} x{a['world_size']}: sweep {b['step_time_s'] * 1e3:.2f} ms vs "
-            f"run {a['step_time_s'] * 1e3:.2f} ms")
+        for one, other, name in ((a, b, "run"), (b, a, "sweep")):
+            fastest = min(one["step_time_samples_s"])
+            assert fastest <= NOISE_BAND * other["step_time_s"], (
+                f"{a['parallelism']} x{a['world_size']}: the {name}'s fastest step {fastest * 1e3:.2f} ms vs the "
+                f"other's median {other['step_time_s'] * 1e3:.2f} ms")

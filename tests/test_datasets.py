@@ -65,7 +65,7 @@ def test_an_unknown_format_is_bad_input():
 
 _KILLED_MIDWAY = """
 import os, signal, sys
-from perfkit.measuring import datasets, page_cache
+from perfkit.measuring.data import datasets, page_cache
 real = datasets._write_files
 def half_then_killed(spec, root):
     datasets.np.save(root / "half.npy", datasets.sample_raw(spec, 0))

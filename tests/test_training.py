@@ -308,7 +308,7 @@ def test_convnet_trains_in_process():
 
 def _gpu_rank_result(cfg: TrainConfig, device_name: str, step_s: float) -> dict:
     """What a rank of ``cfg`` on ``device_name`` would report, steps of ``step_s``: the row is
-    built by the real code (training._row) from it, so its MFU and dtype columns are the row's."""
+    built by the real code (training.row_from_ranks) from it, so its MFU and dtype columns are the row's."""
     from perfkit.measuring.training.config import workload_spec
 
     work = workloads.build(workload_spec(cfg))
@@ -337,7 +337,7 @@ def test_fp32_with_bf16_fsdp_params_is_a_bf16_row_everywhere():
     model_flop = workloads.build(workloads.make_spec("transformer", **BASE["model_size"], seq_len=16)
                                  ).flop_per_sample * BASE["batch_size"]
     step_s = model_flop / (0.4 * bf16.flop_per_s)  # a step at 40 % of two H100s' bf16 peak
-    row = training._row(cfg, [_gpu_rank_result(cfg, h100, step_s)] * 2)
+    row = training.row_from_ranks(cfg, [_gpu_rank_result(cfg, h100, step_s)] * 2)
     assert row["peak_flop_per_s"] == pytest.approx(bf16.flop_per_s)
     assert row["mfu"] == pytest.approx(0.4)  # divided by the fp32 peak: 0.4 × 989.4 / 67 = 5.9
     assert row["compute_dtype"] == "bf16" and "bf16 peak" in row["mfu_convention"]
