@@ -252,3 +252,17 @@ def test_report_section_draws_each_model_with_its_ceilings(ceilings):
     assert len(convnet) == len(mlp) == 4
     assert "DRAM measured 20 GB/s" in convnet and "DRAM measured 10 GB/s" in mlp
     hv.render(layout, backend="bokeh")
+
+
+def test_tables_print_whole_numbers_of_a_float_column_as_integers():
+    # An integer column that a missing value made float (workers 2.0 in the report) prints as
+    # integers; a real float column keeps its decimals; missing cells are empty.
+    import pandas as pd
+
+    from perfkit.view.plots._common import display_text
+
+    frame = pd.DataFrame({"workers": [2.0, None, 0.0], "samples/s": [1.5, 2.0, None], "fmt": ["mmap", None, "lmdb"]})
+    text = display_text(frame)
+    assert text["workers"].tolist() == ["2", "", "0"]
+    assert text["samples/s"].tolist() == ["1.5", "2.0", ""]
+    assert text["fmt"].tolist() == ["mmap", "", "lmdb"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..run.notebooks import read_notebook
+from .plots._common import display_text
 
 __all__ = ["static_mode", "sweep_panel", "explore", "parse_grid_text"]
 
@@ -115,7 +116,7 @@ def _results_html(result, swept: list[str]) -> str:
     except Exception as exc:  # noqa: BLE001 - the summary above stays useful without the table
         return head + f"<p>rows not readable: {html.escape(str(exc))}</p>"
     cols = [c for c in ["config_id", *swept, "status", "reason"] if c in rows]
-    return head + rows[cols].tail(50).fillna("").to_html(index=False, escape=True)
+    return head + display_text(rows[cols].tail(50)).to_html(index=False, escape=True)
 
 
 def _static_parameters_table(spec) -> pd.DataFrame:

@@ -6,9 +6,30 @@ import pandas as pd
 
 from ..display import hv_bokeh  # one place decides inline (offline) or CDN resources
 
-__all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale"]
+__all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE",
+           "WIDTH_WITH_LEGEND_PX"]
 
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
+
+#: A legend beside the plot, never over its data (holoviews' bokeh backend draws ``top_right``
+#: and the like inside the frame, ``right`` outside it); a click on an entry hides its series.
+LEGEND_BESIDE = {"legend_position": "right", "legend_opts": {"click_policy": "hide"}}
+#: A figure's width with such a legend: the plot area keeps about the 760 px it had.
+WIDTH_WITH_LEGEND_PX = 960
+
+
+def display_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` as text for a table: a float column whose values are all whole numbers (an
+    integer column that a missing value made float) printed as integers (``2``, not ``2.0``),
+    missing values as empty cells."""
+    out = frame.copy()
+    for col in out.columns:
+        values = out[col]
+        if pd.api.types.is_float_dtype(values) and values.dropna().map(float.is_integer).all():
+            out[col] = values.map(lambda v: "" if pd.isna(v) else str(int(v)))
+        else:
+            out[col] = values.map(lambda v: "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
+    return out
 
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from perfkit.analyse import dataloading as analysis
 
-from ._common import hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, WIDTH_WITH_LEGEND_PX, display_text, hv_bokeh, ok_rows
 
 __all__ = ["throughput_vs_workers", "step_breakdown", "stall_bars", "recommendation_table",
            "dataloading_summary", "dataloading_section"]
@@ -86,8 +86,8 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", 
     what = "step throughput" if metric == "step_samples_per_s" else "loader-only throughput"
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=f"Data loading: {what} vs workers (hollow: noisy; ★ recommended)",
-                        xlabel="num_workers", ylabel="samples/s", width=760, height=400,
-                        legend_position="bottom_right", show_grid=True))
+                        xlabel="num_workers", ylabel="samples/s", width=WIDTH_WITH_LEGEND_PX, height=400,
+                        **LEGEND_BESIDE, show_grid=True))
 
 
 def _label(row) -> str:
@@ -113,8 +113,8 @@ def step_breakdown(df: pd.DataFrame):
     hover = [("configuration", "@configuration"), ("part", "@part"), ("mean per step", "@time_ms{0.00} ms"),
              ("share", "@share_pct{0.0} %"), ("bound", "@bound")]
     return hv.Bars(data, ["configuration", "part"], ["time_ms", "share_pct", "bound"]).opts(
-        stacked=True, tools=["hover"], hover_tooltips=hover, width=760, height=400, xrotation=30,
-        cmap=_PART_COLORS, color="part", legend_position="top_right", show_grid=True,
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=WIDTH_WITH_LEGEND_PX, height=400, xrotation=30,
+        cmap=_PART_COLORS, color="part", **LEGEND_BESIDE, show_grid=True,
         title="Mean step time: compute and data wait", xlabel="configuration", ylabel="time per step (ms)")
 
 
@@ -141,8 +141,8 @@ def stall_bars(df: pd.DataFrame):
     data = pd.DataFrame(records)
     hover = [("configuration", "@configuration"), ("part", "@part"), ("per step", "@signed_ms{0.00} ms")]
     return hv.Bars(data, ["configuration", "part"], ["time_ms", "signed_ms"]).opts(
-        stacked=True, tools=["hover"], hover_tooltips=hover, width=760, height=400, xrotation=30,
-        cmap=_PART_COLORS, color="part", legend_position="top_right", show_grid=True,
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=WIDTH_WITH_LEGEND_PX, height=400, xrotation=30,
+        cmap=_PART_COLORS, color="part", **LEGEND_BESIDE, show_grid=True,
         title="Stall attribution (DS-Analyzer): ceiling, prep and fetch stall per step",
         xlabel="configuration", ylabel="time per step (ms)")
 
@@ -165,7 +165,7 @@ def recommendation_table(df: pd.DataFrame, *, rec: pd.DataFrame | None = None):
     for col in ("samples/s", "of best"):
         if col in table:
             table[col] = table[col].astype(float).round(3)
-    return hv.Table(table.astype(str)).opts(
+    return hv.Table(display_text(table)).opts(
         width=760, height=min(60 + 28 * len(table), 400),
         title=f"Recommendation: fewest workers reaching {analysis.RECOMMEND_FRACTION:.0%} of the best step throughput")
 

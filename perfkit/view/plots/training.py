@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, WIDTH_WITH_LEGEND_PX, display_scale, hv_bokeh, ok_rows
 
 __all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
@@ -111,7 +111,7 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
-                        width=760, height=400, legend_position="bottom_right", show_grid=True))
+                        width=WIDTH_WITH_LEGEND_PX, height=400, **LEGEND_BESIDE, show_grid=True))
 
 
 def memory_vs_batch(df: pd.DataFrame):
@@ -129,8 +129,8 @@ def memory_vs_batch(df: pd.DataFrame):
     elements = _lines(rows, "memory", ["series", "peak_mem_kind", "noisy"], hover)
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
-                        ylabel=f"peak memory ({prefix}B)", logx=True, width=760, height=360,
-                        legend_position="bottom_right", show_grid=True))
+                        ylabel=f"peak memory ({prefix}B)", logx=True, width=WIDTH_WITH_LEGEND_PX, height=360,
+                        **LEGEND_BESIDE, show_grid=True))
 
 
 def activations_vs_batch(df: pd.DataFrame):
@@ -158,7 +158,7 @@ def activations_vs_batch(df: pd.DataFrame):
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
                               "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
-                        logx=True, width=760, height=360, legend_position="bottom_right",
+                        logx=True, width=WIDTH_WITH_LEGEND_PX, height=360, **LEGEND_BESIDE,
                         show_grid=True))
 
 
@@ -192,8 +192,8 @@ def mfu_vs_batch(df: pd.DataFrame):
     return hv.Overlay(elements).opts(
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="MFU (analytic model FLOP) and counted-FLOP utilisation",
-                        xlabel="global batch size", ylabel=ylabel, logx=True, width=760,
-                        height=360, legend_position="bottom_right", show_grid=True))
+                        xlabel="global batch size", ylabel=ylabel, logx=True, width=WIDTH_WITH_LEGEND_PX,
+                        height=360, **LEGEND_BESIDE, show_grid=True))
 
 
 def training_summary(df: pd.DataFrame):
