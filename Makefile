@@ -52,8 +52,9 @@ test: venv browser
 	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
 	  --nbval-lax --nbval-current-env -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) --dist loadscope
 
+# The inner loop: no kernels, no ranks, no Slurm, no browser (those are marked slow), in ~2 minutes.
 test-fast: venv
-	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider -n $(TEST_WORKERS) --durations=10
 
 # Headless Chromium for the report's real-browser test (Debian's package; root only).
 browser:

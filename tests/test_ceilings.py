@@ -225,6 +225,7 @@ def test_bandwidth_curve_rejects_bad_choices():
 
 # ------------------------------------------------------------------------------ the table
 
+@pytest.mark.slow
 def test_measure_ceilings_returns_the_contract(ext):
     table = measure_ceilings("cpu", quick=True, shapes=[(128, 128, 128), (256, 256, 256)],
                              max_working_set_bytes=8 * MiB)
@@ -400,6 +401,7 @@ def _no_op_kernels(monkeypatch):
     monkeypatch.setattr(stream, "free_memory_bytes", lambda device: 64 << 30)
 
 
+@pytest.mark.slow
 def test_the_sweep_reaches_8x_the_caches_the_os_reports(tmp_path, monkeypatch):
     import perfkit.core.cpu_share as cpu_share
 
@@ -427,6 +429,7 @@ def test_sweep_top_from_sysfs_sizes_of_big_l3_servers(tmp_path, server, free, wa
     assert sweep_top_bytes(sizes, octaves_past=1, fallback_llc_bytes=256 * MiB, free_bytes=free) == want
 
 
+@pytest.mark.slow
 def test_unreadable_cache_sizes_fall_back_to_the_old_sweep_and_say_so(tmp_path, monkeypatch):
     import perfkit.core.cpu_share as cpu_share
 

@@ -82,6 +82,7 @@ def clean_run() -> pd.DataFrame:
     return run_collectives(cfg)
 
 
+@pytest.mark.slow
 def test_every_collective_runs_on_two_gloo_ranks_with_no_wrong_elements(clean_run):
     df = clean_run
     expected_points = {
@@ -95,6 +96,7 @@ def test_every_collective_runs_on_two_gloo_ranks_with_no_wrong_elements(clean_ru
     assert (df["world_size"] == 2).all() and (df["backend"] == "gloo").all()
 
 
+@pytest.mark.slow
 def test_rows_follow_nccl_tests_sizes_and_bandwidth(clean_run):
     df = clean_run
     # S rounded down to a whole count; count per rank (per chunk) for the per-rank-chunk ops.
@@ -118,6 +120,7 @@ def test_rows_follow_nccl_tests_sizes_and_bandwidth(clean_run):
             row["algbw_bytes_per_s"] * busbw_factor(row["op"], 2))
 
 
+@pytest.mark.slow
 def test_gloo_rows_record_knobs_and_say_check_not_verifiable(clean_run):
     df = clean_run
     assert set(df["knobs"]) == {json.dumps({"GLOO_SOCKET_IFNAME": "lo", "NCCL_ALGO": "Ring"}, sort_keys=True)}
@@ -128,6 +131,7 @@ def test_gloo_rows_record_knobs_and_say_check_not_verifiable(clean_run):
         assert df["timed_nccl_debug"].isna().all()  # what the ranks' timed loop saw
 
 
+@pytest.mark.slow
 def test_check_catches_a_deliberately_corrupted_result():
     # bf16 too: the check's known data must be exact there, or clean elements would count.
     cfg = CollectivesConfig(**{**_SMALL, "max_bytes": 64}, corrupt=COLLECTIVES, dtype="bfloat16")
@@ -275,6 +279,7 @@ def test_nccl_knobs_are_checked_in_a_separate_logged_pass_and_timed_without_logg
     assert row["knob_check_pass"] == "separate"
 
 
+@pytest.mark.slow
 def test_the_knob_check_pass_runs_every_point_once_on_real_ranks():
     # The pass's rank target is backend-agnostic: on gloo it shows every point is reached.
     cfg = CollectivesConfig(**_SMALL, ops=("all_reduce", "all_gather"))

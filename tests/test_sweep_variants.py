@@ -67,6 +67,7 @@ def test_a_variants_thread_count_is_the_thread_count_torch_uses():
     assert done.stdout.strip() == "1"
 
 
+@pytest.mark.slow
 def test_each_configuration_runs_under_each_variant_and_round_interleaved(tmp_path):
     other = venv_python(tmp_path / "venv-b", with_perfkit=True)
     spec = write_spec(tmp_path, {
@@ -103,6 +104,7 @@ def test_each_configuration_runs_under_each_variant_and_round_interleaved(tmp_pa
     assert again.returncode == 0 and "0 run" in again.stdout and "8 already done" in again.stdout
 
 
+@pytest.mark.slow
 def test_rounds_without_variants_repeat_each_configuration(tmp_path):
     spec = load_spec(write_spec(tmp_path, {"grid": {"x": [1]}, "rounds": 3}))
     configs = expand(spec)

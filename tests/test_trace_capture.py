@@ -42,6 +42,7 @@ def test_a_profiled_run_leaves_a_gzipped_trace_beside_its_results_with_steps_and
     assert row["data_time_s"] >= 0.02
 
 
+@pytest.mark.slow
 def test_each_rank_writes_its_own_trace_with_distributed_info(tmp_path, monkeypatch):
     _context(monkeypatch, tmp_path, "ddp-cfg")
     row = run_training(TrainConfig(model="mlp", batch_size=16, steps=4, warmup_steps=1, profile=True,
@@ -85,6 +86,7 @@ def test_too_few_steps_for_the_profile_is_bad_input():
         TrainConfig(data_delay_s=-1.0)
 
 
+@pytest.mark.slow
 def test_collectives_profile_pass_writes_a_trace_per_rank_with_a_step_per_point(tmp_path, monkeypatch):
     from perfkit.measuring.collectives.benchmark import CollectivesConfig, run_collectives
 
@@ -180,6 +182,7 @@ print("profiled")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("user_level", [None, "3"], ids=["default", "user-set"])
 def test_a_cpu_profile_prints_no_kineto_markers_unless_the_user_asks(user_level):
     # Kineto's USDT lines ("profiler_start", "profiler_stop") went into every executed notebook.

@@ -125,6 +125,7 @@ def profiled_ddp(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_results_directory_is_one_trace_set_per_run_with_its_ranks(profiled_ddp, capsys):
     code, out, err = _run(capsys, profiled_ddp, "--json")
     assert code == 0, err
@@ -203,6 +204,7 @@ def _link(html_text: str, href: str) -> bool:
     return f'href=\\"{href}\\"' in html_text  # inside bokeh's JSON document
 
 
+@pytest.mark.slow
 def test_report_has_a_traces_section_linking_each_rank_file(profiled_ddp, tmp_path):
     from perfkit.core.results import load
     from perfkit.view.report import build_report, write_report
@@ -219,6 +221,7 @@ def test_report_has_a_traces_section_linking_each_rank_file(profiled_ddp, tmp_pa
     assert "Traces" in build_report(load(profiled_ddp)).tags
 
 
+@pytest.mark.slow
 def test_a_moved_results_folder_still_finds_and_links_its_traces(profiled_ddp, tmp_path):
     from perfkit.core.results import load
     from perfkit.view.trace_report import traced_runs, traces_section
@@ -233,6 +236,7 @@ def test_a_moved_results_folder_still_finds_and_links_its_traces(profiled_ddp, t
     assert f'href="traces/ddp-cfg/{run.run}/rank1.json.gz"' in text and "not read" not in text
 
 
+@pytest.mark.slow
 def test_the_section_reads_at_most_max_sets_runs_and_says_so(profiled_ddp):
     import holoviews as hv
 
@@ -252,6 +256,7 @@ def test_the_section_reads_at_most_max_sets_runs_and_says_so(profiled_ddp):
     assert "rank 0" in bars.title.text and "CPU operators" in bars.title.text
 
 
+@pytest.mark.slow
 def test_no_traces_section_without_traced_rows(profiled_ddp):
     from perfkit.core.results import load
     from perfkit.view.report import sections
@@ -301,6 +306,7 @@ def test_top_kernels_plot_is_one_bar_per_kernel_longest_on_top(traces):
     assert len([r for child in layout.children for r in child[0].renderers]) == 2  # one chart per rank
 
 
+@pytest.mark.slow
 def test_traces_report_renders_in_a_real_browser_and_its_links_reach_the_files(profiled_ddp, tmp_path):
     from jupyterlab_driver import report_page
 

@@ -199,7 +199,6 @@ def _plan(directory: Path, index: Path, m: dict, files: list[Path], stats: dict)
     names = sorted(by_part, key=lambda n: by_part[n][0][1])
     parts = []
     if names:
-
         dataset = ds.dataset([str(index / n) for n in names], format=parquet_format())
         for name, fragment in zip(names, dataset.get_fragments()):
             info, live = m["parts"][name], by_part[name]
