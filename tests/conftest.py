@@ -85,3 +85,33 @@ def ceiling_row(kind, dtype, level, value, origin="measured"):
     return {"kind": kind, "dtype": dtype, "level": level, "value": value,
             "unit": "FLOP/s" if kind == "compute" else "bytes/s", "origin": origin,
             "source": "test"}
+
+
+def filesystem_type(path) -> str:
+    """The filesystem type of ``path`` as coreutils names it (``ext2/ext3`` for ext4), a check
+    independent of perfkit's own reading of /proc/self/mountinfo."""
+    import subprocess
+
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+#: Disk filesystems whose clean pages POSIX_FADV_DONTNEED drops (mm/fadvise.c invalidates the
+#: mapping's unmapped clean pages); tmpfs pages have no backing store to be dropped to.
+DROPPING_FILESYSTEMS = ("ext2/ext3", "xfs", "btrfs")
+
+
+@pytest.fixture
+def cache_on(tmp_path, request):
+    """A dataset cache on disk (``tmp_path``) or on tmpfs (a folder in /dev/shm): parametrize
+    indirectly with ``"disk"`` or ``"tmpfs"``."""
+    import shutil
+    import tempfile
+
+    if request.param == "disk":
+        return tmp_path
+    if not os.path.isdir("/dev/shm") or filesystem_type("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    folder = Path(tempfile.mkdtemp(prefix="perfkit-test-", dir="/dev/shm"))
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder

@@ -7,16 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import NOTEBOOKS, REPO
+from conftest import DROPPING_FILESYSTEMS, NOTEBOOKS, REPO, filesystem_type
 from perfkit.analyse import dataloading as analysis
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.data import loading as dataloading
@@ -144,34 +141,10 @@ def test_every_format_loads_in_the_main_process_then_in_forked_workers(tmp_path,
         assert row["status"] == "ok" and row["workers_left_alive"] == 0 and row["bytes_per_s"] > 0
 
 
-def _filesystem(path) -> str:
-    """The filesystem type of ``path`` as coreutils names it (``ext2/ext3`` for ext4), a check
-    independent of perfkit's own reading of /proc/self/mountinfo."""
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-# Disk filesystems whose clean pages POSIX_FADV_DONTNEED drops (mm/fadvise.c invalidates the
-# mapping's unmapped clean pages); tmpfs pages have no backing store to be dropped to.
-_DROPPING = ("ext2/ext3", "xfs", "btrfs")
-
-
-@pytest.fixture
-def cache_on(tmp_path, request):
-    """A dataset cache on disk (``tmp_path``) or on tmpfs (a folder in /dev/shm)."""
-    if request.param == "disk":
-        return tmp_path
-    if not os.path.isdir("/dev/shm") or _filesystem("/dev/shm") != "tmpfs":
-        pytest.skip("no tmpfs at /dev/shm on this machine")
-    folder = Path(tempfile.mkdtemp(prefix="perfkit-test-", dir="/dev/shm"))
-    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
-    return folder
-
-
 @pytest.mark.parametrize("cache_on", ["disk", "tmpfs"], indirect=True)
 def test_page_cache_evicted_is_what_the_kernel_did_not_what_was_asked(cache_on):
-    fs = _filesystem(cache_on)
-    if fs != "tmpfs" and fs not in _DROPPING:
+    fs = filesystem_type(cache_on)
+    if fs != "tmpfs" and fs not in DROPPING_FILESYSTEMS:
         pytest.skip(f"dataset cache on {fs}: whether it drops clean pages on request is not known here")
     cfg = dict(format="mmap", n_samples=64, sample_bytes=4096, steps=3, warmup_steps=1, loader_batches=2,
                device="cpu", cache_dir=str(cache_on))

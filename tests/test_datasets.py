@@ -6,19 +6,16 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, filesystem_type
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.data import datasets
 from perfkit.measuring.data import page_cache
@@ -108,28 +105,10 @@ def test_the_decode_lasts_its_cost_on_its_clock_and_its_values_do_not_depend_on_
     np.testing.assert_array_equal(plain, costly)
 
 
-def _filesystem(path) -> str:
-    """``path``'s filesystem type as coreutils names it (``ext2/ext3`` for ext4)."""
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-@pytest.fixture
-def cache_on(tmp_path, request):
-    """A dataset cache on disk (``tmp_path``) or on tmpfs (a folder in /dev/shm)."""
-    if request.param == "disk":
-        return tmp_path
-    if not os.path.isdir("/dev/shm") or _filesystem("/dev/shm") != "tmpfs":
-        pytest.skip("no tmpfs at /dev/shm on this machine")
-    folder = Path(tempfile.mkdtemp(prefix="perfkit-test-", dir="/dev/shm"))
-    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
-    return folder
-
-
 @pytest.mark.parametrize("cache_on", ["disk", "tmpfs"], indirect=True)
 @pytest.mark.parametrize("fmt", ["files", "mmap"])
 def test_residency_follows_reads_and_evictions_as_the_kernel_does_them(cache_on, fmt):
-    fs = _filesystem(cache_on)
+    fs = filesystem_type(cache_on)
     if fs != "tmpfs" and fs not in ("ext2/ext3", "xfs", "btrfs"):
         pytest.skip(f"cache on {fs}: whether it drops clean pages on request is not known here")
     spec = datasets.DatasetSpec(format=fmt, n_samples=64, sample_bytes=8192)
