@@ -33,10 +33,17 @@ def test_a_missing_results_dir_fails_the_notebook_with_the_reason(tmp_path):
     assert not missing.exists()
 
 
-def test_an_empty_results_dir_reads_the_environment_or_says_what_to_set(tmp_path, monkeypatch):
+def test_an_empty_results_dir_reads_the_environment_then_the_demo_or_says_what_to_run(tmp_path, monkeypatch):
+    from perfkit.view import report
+
     monkeypatch.delenv(REPORT_DIR_ENV, raising=False)
-    with pytest.raises(BadInputError, match=f"results_dir is empty and \\${REPORT_DIR_ENV} is not set"):
+    monkeypatch.setattr(report, "DEMO_DIR", tmp_path / "no-demo-yet")
+    with pytest.raises(BadInputError, match=f"results_dir is empty and \\${REPORT_DIR_ENV} is not set: run `make demo`"):
         notebook_results_dir("")
+    demo = tmp_path / "runs" / "quickstart"
+    demo.mkdir(parents=True)
+    monkeypatch.setattr(report, "DEMO_DIR", demo)
+    assert notebook_results_dir("") == demo  # after make demo, the notebook opens on its results
     monkeypatch.setenv(REPORT_DIR_ENV, str(tmp_path))
     assert notebook_results_dir("") == tmp_path
     (tmp_path / "results").mkdir()

@@ -385,14 +385,21 @@ def write_report(directory: str | Path, output: str | Path, *, title: str | None
 REPORT_DIR_ENV = "PERFKIT_REPORT_DIR"
 
 
+#: Where ``make demo`` writes (the Makefile's DEMO_DIR, from the checkout's root): the report
+#: notebook's folder when neither its parameter nor ``$PERFKIT_REPORT_DIR`` names one.
+DEMO_DIR = Path(__file__).resolve().parents[2] / "runs" / "quickstart"
+
+
 def notebook_results_dir(results_dir: str | Path) -> Path:
-    """The report notebook's folder: ``results_dir``, or ``$PERFKIT_REPORT_DIR`` when it is "".
+    """The report notebook's folder: ``results_dir``; when it is "", ``$PERFKIT_REPORT_DIR``;
+    then the demo's folder (:data:`DEMO_DIR`) where ``make demo`` has written it.
 
     A folder that does not exist is an error, never replaced by other rows: a mistyped path must
-    not show an ``ok`` run of something else.
+    not show an ``ok`` run of something else; with nothing to show, the error says what to run.
     """
-    return _notebook_dir(results_dir, name="results_dir", env=REPORT_DIR_ENV,
-                         hint="set results_dir to a sweep's --out (make demo writes ../runs/quickstart)")
+    return _notebook_dir(results_dir, name="results_dir", env=REPORT_DIR_ENV, default=DEMO_DIR,
+                         hint="run `make demo` (it writes runs/quickstart, read here by default) or set "
+                              "results_dir to a sweep's --out")
 
 
 #: The A/B sweep of the compare notebook when its ``base_dir`` parameter is "" (nbval, as above).
@@ -408,12 +415,14 @@ def notebook_compare_dir(base_dir: str | Path) -> Path:
                               "base_dir to its --out (../runs/ab from notebooks/)")
 
 
-def _notebook_dir(given: str | Path, *, name: str, env: str, hint: str) -> Path:
+def _notebook_dir(given: str | Path, *, name: str, env: str, hint: str, default: Path | None = None) -> Path:
     import os
 
     from ..core.errors import BadInputError
 
     given = str(given) or os.environ.get(env, "")
+    if not given and default is not None and default.is_dir():
+        return default
     if not given:
         raise BadInputError(f"{name} is empty and ${env} is not set: {hint}")
     path = Path(given)
