@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from perfkit.analyse.levels import cpu_cache_sizes, detect_levels
+from perfkit.analyse.levels import detect_levels
+from perfkit.core.caches import cpu_cache_sizes
 from perfkit.measuring.kernels import ceilings
 from perfkit.measuring.kernels import stream
 from perfkit.measuring.kernels.ceilings import CEILING_COLUMNS, measure_ceilings

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from ..core.caches import MEMORY_FACTOR, cache_capacities, cpu_cache_sizes
+from ..core.caches import MEMORY_FACTOR, cache_capacities
 from ..core.errors import BadInputError
 from ..core.timing import NOISY_IQR_OVER_MEDIAN
 
-__all__ = ["cpu_cache_sizes", "detect_levels"]  # cpu_cache_sizes: from perfkit.core.caches
+__all__ = ["detect_levels"]
 
 
 def _split_at(seg: list[int], ws: Sequence[float], bound: float, *, inclusive: bool = True) -> list[list[int]]:
