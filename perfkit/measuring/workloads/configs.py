@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 
 __all__ = ["MLPConfig", "TransformerConfig", "ConvNetConfig", "WorkloadSpec", "make_spec", "NAMES", "positive_ints"]
 
 
 def positive_ints(**values: int) -> None:
+    """Each of ``values`` an ``int`` >= 1 (:func:`perfkit.core.checks.integer_at_least`)."""
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise BadInputError(f"{name} must be a positive integer, got {value!r}")
+        checks.integer_at_least(name, value, 1)
 
 
 @dataclass(kw_only=True, frozen=True)
