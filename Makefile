@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml
 	  echo "installing $(TORCH_SPEC)"; $(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)" $(TORCH_INDEX); \
 	fi
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,slurm]'
+	@# jsonschema's format-nongpl extra (asked for by nbformat and jupyter-events) brings rfc3987-syntax,
+	@# which builds ~35 Earley parsers at import: 1.2 s of CPU in every process that imports nbformat
+	@# (papermill, perfkit run/sweep, every Slurm task, Jupyter) for the 'iri' format, which no notebook
+	@# schema uses (python-jsonschema/jsonschema#1428). Without it jsonschema skips that one format.
+	@$(PY) -m pip uninstall -y -q rfc3987-syntax >/dev/null 2>&1 || true
 	$(PY) -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit ($(VENV))" >/dev/null
 	@touch $(STAMP)
 

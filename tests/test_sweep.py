@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -293,6 +294,58 @@ def test_no_prestart_runs_each_kernel_on_demand(tmp_path):
     out = sweep_cli(spec, "--out", tmp_path / "out", "--prestart", "off", "--quiet")
     assert out.returncode == 0, out.stderr
     assert sorted(perfkit.load(tmp_path / "out")["x_seen"]) == [1, 2, 3]
+
+
+def test_a_slot_warms_a_kernel_only_for_a_configuration_no_other_slot_warmed_for():
+    # Two slots peeking at the same last configuration each warmed a kernel for it: one started,
+    # imported and was killed for nothing (0.4 s of CPU at the end of every sweep, here).
+    import queue
+
+    from perfkit.run.sweep import engine
+
+    class FakeSlot:
+        def __init__(self, warmed=False):
+            self.warmed, self.warmed_for = warmed, []
+
+        def warm(self, variant):
+            self.warmed_for.append(variant)
+
+    def waiting(*variants):
+        q = queue.Queue()
+        for v in variants:
+            q.put(SimpleNamespace(variant=v))
+        return q
+
+    me, other = FakeSlot(), FakeSlot(warmed=True)
+    engine._warm_next(me, [me, other], waiting("last"))  # the other slot's kernel is for it
+    assert me.warmed_for == []
+    engine._warm_next(me, [me, other], waiting("second-last", "last"))
+    assert me.warmed_for == ["last"]
+    alone = FakeSlot()
+    engine._warm_next(alone, [alone, FakeSlot()], waiting("last"))
+    assert alone.warmed_for == ["last"]
+    engine._warm_next(alone, [alone], waiting())
+    assert alone.warmed_for == ["last"]
+
+
+@pytest.mark.slow
+def test_every_kernel_of_a_prestarted_sweep_ends_with_it(tmp_path, monkeypatch):
+    import perfkit.run.sweep.engine as engine
+    from perfkit.run import _teardown
+
+    started = []
+
+    class Counted(engine.WarmKernel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(engine, "WarmKernel", Counted)
+    spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"x": [1, 2, 3, 4, 5]}),))
+    result = run_sweep(spec, tmp_path, workers=2, progress=False, prestart=True)
+    assert [o.status for o in result.outcomes] == ["ok"] * 5
+    assert sorted(perfkit.load(tmp_path)["x_seen"]) == [1, 2, 3, 4, 5]
+    assert 5 <= len(started) and all(not _teardown.holders(k.token) for k in started)
 
 
 NO_RECORD = Path(__file__).parent / "notebooks" / "no_record.ipynb"

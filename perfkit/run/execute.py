@@ -96,10 +96,14 @@ class WarmKernel:
         self.python = python or sys.executable
         self.km._kernel_spec = KernelSpec(
             # log_level ERROR: ipykernel 7 warns on every start that loopback TCP is unencrypted.
+            # History in memory, as nbclient starts its kernels: a configuration's cells are not
+            # the user's IPython history, and parallel kernels do not contend for its sqlite file.
             argv=[self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                  "--IPKernelApp.log_level=ERROR"],
+                  "--IPKernelApp.log_level=ERROR", "--HistoryManager.hist_file=:memory:"],
             display_name=f"perfkit ({self.python})", language="python", name="python3",
         )
+        self._kc = None  # this kernel's client (see client()) and the thread it belongs to
+        self._kc_thread: int | None = None
         self.env_overrides = dict(env or {})
         kernel_env = dict(os.environ)
         kernel_env.pop(CONTEXT_ENV, None)
@@ -127,7 +131,10 @@ class WarmKernel:
         watch = _PARENT_WATCH.format(path=_teardown.__file__, token=self.token)
         code = [f"exec({watch!r}, {{}})"]
         code += [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
-        self.run_code("\n".join(code))
+        try:
+            self.run_code("\n".join(code))
+        finally:
+            self.close_client()  # the thread that runs the configuration makes its own
 
     def _set_policy(self, policy: int | None) -> bool:
         """Set the scheduling policy of every thread of the kernel process; False if not allowed."""
@@ -150,19 +157,74 @@ class WarmKernel:
         return ok
 
     def run_code(self, code: str, timeout_s: float = 120) -> None:
-        """Run ``code`` in the kernel through a private client; raise if it fails."""
-        async def _go():
+        """Run ``code`` in the kernel through this thread's client; raise if it fails."""
+        kc = self.client(timeout_s)
+        reply = self._run_sync(self._until_idle)(kc, kc.execute(code, silent=True, store_history=False), timeout_s)
+        if reply is None:
+            raise RuntimeError(f"kernel set-up did not finish in {timeout_s:.0f} s")
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
+
+    def client(self, timeout_s: float = 120):
+        """This kernel's client for the calling thread, connected and known ready: the one that
+        hands the configuration its context and that papermill executes the notebook through.
+
+        jupyter_client's ``wait_for_ready`` (which nbclient calls for a client it starts itself)
+        ends by waiting for 0.2 s of silence on IOPub, and a client per step paid it each time:
+        0.4 s of every configuration's critical path went to sleeping. Readiness here is exact
+        instead: a ``kernel_info`` request answered on the shell channel, and its ``idle`` status
+        seen on IOPub (proof that the subscription is live, so no output is missed). A client
+        belongs to the thread that made it: its sockets live on that thread's event loop."""
+        if self._kc is not None and self._kc_thread != threading.get_ident():
+            self.close_client()
+        if self._kc is None:
             kc = self.km.client()
             kc.start_channels()
             try:
-                await kc.wait_for_ready(timeout=timeout_s)
-                reply = await kc.execute_interactive(code, timeout=timeout_s, output_hook=lambda m: None)
-            finally:
+                self._run_sync(self._ready)(kc, timeout_s)
+            except BaseException:
                 kc.stop_channels()
-            if reply["content"]["status"] != "ok":
-                raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
+                raise
+            self._kc, self._kc_thread = kc, threading.get_ident()
+        return self._kc
 
-        self._run_sync(_go)()
+    def close_client(self) -> None:
+        if self._kc is not None:
+            self._kc.stop_channels()
+            self._kc = None
+
+    async def _ready(self, kc, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if await self._until_idle(kc, kc.kernel_info(), min(1.0, max(0.05, deadline - time.monotonic()))):
+                return
+            if not await self.km.is_alive():
+                raise RuntimeError("the kernel died before it answered kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the kernel did not answer kernel_info in {timeout_s:.0f} s")
+
+    @staticmethod
+    async def _until_idle(kc, msg_id: str, timeout_s: float) -> dict | None:
+        """The shell reply to request ``msg_id`` once its ``idle`` status was seen on IOPub too;
+        None when either is not seen within ``timeout_s`` (IOPub not subscribed yet, or a kernel
+        still starting: ask again)."""
+        deadline = time.monotonic() + timeout_s
+        reply = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            channel = kc.iopub_channel if reply is not None else kc.shell_channel
+            try:
+                msg = await channel.get_msg(timeout=left)
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing within the time left
+                return None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if reply is None:
+                reply = msg
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return reply
 
     def set_context(self, ctx: RunContext, cwd: Path) -> None:
         """Hand the kernel its configuration: where rows go, and the notebook's directory."""
@@ -185,6 +247,25 @@ class WarmKernel:
         self._reap()
 
     def shutdown(self) -> None:
+        """End the kernel now (one configuration per kernel: nothing in it is worth a graceful
+        stop) and every process it started. The process group is killed and waited for first:
+        ``shutdown_kernel(now=True)`` alone interrupts, kills, then polls every 0.1 s."""
+        try:
+            self.close_client()
+        except Exception:  # noqa: BLE001 - a client of a dead kernel may fail to close; it is gone either way
+            self._kc = None
+        pgid = self.pgid
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if process is not None:
+                try:
+                    process.wait(timeout=10)
+                except Exception:  # noqa: BLE001 - the reap below still makes sure
+                    pass
         try:  # shutdown_kernel also removes the connection file
             self._run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 - already dead is fine
@@ -269,6 +350,8 @@ def execute_config(
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    from ._papermill_engine import ENGINE_NAME
+
     notebook, output_notebook, results_path = Path(notebook), Path(output_notebook), Path(results_path)
     output_notebook.parent.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(results_path=results_path.resolve(), config_id=config_id,
@@ -294,7 +377,7 @@ def execute_config(
             watchdog.start()
         pm.execute_notebook(
             str(notebook), str(output_notebook), parameters=dict(params), km=kernel.km,
-            kernel_name="python3", progress_bar=False, log_output=log_output,
+            engine_name=ENGINE_NAME, kc=kernel.client(), kernel_name="python3", progress_bar=False, log_output=log_output,
             request_save_on_cell_execute=True, cwd=str(notebook.resolve().parent),
         )
     except PapermillExecutionError as exc:

@@ -272,6 +272,10 @@ class _Slot:
             self._next_key = variant.kernel_key if variant else None
             self._next = self._pool.submit(self._start, variant, True)
 
+    @property
+    def warmed(self) -> bool:  # a kernel is starting or started for this slot's next configuration
+        return self._next is not None
+
     def take(self, variant: Variant | None = None) -> WarmKernel:
         """A kernel for a configuration of ``variant``: the warmed one if it is of that variant's
         interpreter and environment, else a new one started now, in the foreground."""
@@ -340,13 +344,14 @@ def run_configs(
             for slot, c in zip(slots, todo):
                 slot.warm(c.variant)
 
+        warming = threading.Lock()
+
         def take_kernel(slot: _Slot, c: Config) -> WarmKernel:
             kernel = slot.take(c.variant)
             slot.current = kernel
             if prestart:
-                upcoming = _peek(pending)
-                if upcoming is not None:  # the next kernel starts (at idle priority) while this one runs
-                    slot.warm(upcoming.variant)
+                with warming:
+                    _warm_next(slot, slots, pending)
             return kernel
 
         def work(slot: _Slot) -> None:
@@ -411,10 +416,20 @@ def run_configs(
         return result
 
 
-def _peek(pending: queue.Queue) -> Config | None:
-    """The configuration a slot will most likely take next (another slot may take it first)."""
+def _warm_next(slot: _Slot, slots: Sequence[_Slot], pending: queue.Queue) -> None:
+    """Warm ``slot``'s next kernel for the first waiting configuration no other slot warmed one
+    for: never more kernels warm than configurations wait. (A slot done first may still take a
+    configuration another warmed for: work is not held back for a kernel's sake.)"""
+    upcoming = _peek(pending, sum(s.warmed for s in slots if s is not slot))
+    if upcoming is not None:
+        slot.warm(upcoming.variant)
+
+
+def _peek(pending: queue.Queue, skip: int = 0) -> Config | None:
+    """The configuration a slot will most likely take next, past the ``skip`` that slots already
+    warmed a kernel for (another slot may take it first); None when there is none."""
     with pending.mutex:
-        return pending.queue[0] if pending.queue else None
+        return pending.queue[skip] if len(pending.queue) > skip else None
 
 
 def raise_on_sigterm():
