@@ -71,3 +71,21 @@ def test_the_report_has_the_parallelism_section_and_the_bubble_only_with_pipelin
         assert "Parallelism: memory per rank, throughput, pipeline bubble" in html
         assert "Model state per rank" in html
         assert ("Pipeline bubble" in html) is with_pp
+
+
+def test_every_legend_of_the_section_hides_its_series_on_click_so_the_layout_syncs_them():
+    # The model-state bars kept bokeh's default 'mute' beside the others' 'hide': holoviews then
+    # warned "Click policy of legends are not the same" in every `make demo` and synced none.
+    import warnings
+
+    hv = pytest.importorskip("holoviews")
+    from perfkit.view.plots.parallelism import parallelism_section
+
+    hv.extension("bokeh")
+    layout = parallelism_section(None, parallel_train_rows(with_pp=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        figure = hv.render(layout, backend="bokeh")
+    assert not [w for w in caught if "Click policy" in str(w.message)]
+    figures = [k[0] if isinstance(k, tuple) else k for k in figure.children]
+    assert {leg.click_policy for f in figures for leg in getattr(f, "legend", [])} == {"hide"}

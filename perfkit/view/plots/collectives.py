@@ -319,5 +319,5 @@ def knob_comparison(rows: pd.DataFrame):
         width=_with_legend(max(420, 50 * len(frame), 180 * frame["configuration"].nunique()),
                            frame["setting"].unique()),
         height=440, show_legend=True,
-        legend_position="right", show_grid=True, hooks=[_hide_setting_ticks],
+        legend_position="right", legend_opts={"click_policy": "hide"}, show_grid=True, hooks=[_hide_setting_ticks],
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows
 from .pipeline import bubble_vs_microbatches
 from .training import activations_vs_batch, memory_vs_batch, throughput_vs_batch
 
@@ -56,14 +56,14 @@ def model_state_per_rank(df: pd.DataFrame):
     long["size"] = long["bytes"] / scale
     bars = hv.Bars(long, ["series", "part"], "size").opts(
         stacked=True, tools=["hover"], width=760, height=380, xrotation=30,
-        ylabel=f"model state per rank ({prefix}B)", xlabel="", legend_position="right",
+        ylabel=f"model state per rank ({prefix}B)", xlabel="", **LEGEND_BESIDE,
         hover_tooltips=[("series", "@series"), ("part", "@part"), ("held", f"@size{{0.00}} {prefix}B")])
     one["predicted"] = one["model_state_bytes_predicted"] / scale
     marks = hv.Scatter(one[["series", "predicted"]], "series", "predicted", label="predicted").opts(
         marker="dash", size=30, color="black", line_width=3, tools=["hover"],
         hover_tooltips=[("series", "@series"), ("predicted", f"@predicted{{0.00}} {prefix}B")])
     return (bars * marks).opts(title="Model state per rank (bars: held after the last step; "
-                                     "dash: memory model)", show_grid=True)
+                                     "dash: memory model)", show_grid=True, **LEGEND_BESIDE)
 
 
 def _pipeline_setting(rows: pd.DataFrame) -> pd.Series:
