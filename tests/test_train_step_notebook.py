@@ -117,6 +117,20 @@ def _synthetic():
     return pd.DataFrame(rows)
 
 
+def test_a_model_size_that_varies_is_its_own_line():
+    # make demo's pipeline rows at d_model 256 and at the default size drew as one "pp×2" line.
+    hv = _hv()
+    base = _synthetic()
+    rows = base[(base["status"] == "ok") & (base["precision"] == "fp32") & (base["parallelism"] == "ddp")]
+    sized = pd.concat([rows.assign(model_size='{"n_layers": 4}'),
+                       rows.assign(model_size='{"n_layers": 4, "d_model": 256}', samples_per_s=50.0)])
+    points = [e for e in throughput_vs_batch(sized) if isinstance(e, hv.Scatter)]
+    assert sorted(p.label for p in points) == ["fp32 n_layers=4", "fp32 n_layers=4 d_model=256"]
+    assert [len(p.data) for p in points] == [3, 3]
+    same = throughput_vs_batch(rows.assign(model_size=None))  # one size (the default): no size in the label
+    assert [p.label for p in same if isinstance(p, hv.Scatter)] == ["fp32"]
+
+
 def test_throughput_plot_has_a_line_per_precision_and_parallelism_and_marks_the_oom():
     hv = _hv()
     overlay = throughput_vs_batch(_synthetic())

@@ -7,7 +7,7 @@ import pandas as pd
 from ..display import hv_bokeh  # one place decides inline (offline) or CDN resources
 
 __all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE",
-           "WIDTH_WITH_LEGEND_PX"]
+           "WIDTH_WITH_LEGEND_PX", "width_with_legend"]
 
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
 
@@ -16,6 +16,14 @@ _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
 LEGEND_BESIDE = {"legend_position": "right", "legend_opts": {"click_policy": "hide"}}
 #: A figure's width with such a legend: the plot area keeps about the 760 px it had.
 WIDTH_WITH_LEGEND_PX = 960
+
+
+def width_with_legend(labels, plot_width_px: int = 760) -> int:
+    """A figure's width for a plot area of about ``plot_width_px`` beside a legend of ``labels``
+    (about 7 px a character, 60 px for the glyph and padding). Bokeh takes an outside legend's
+    width from the figure's: at a fixed width, long labels (``fp32 pp 1F1B m=2×2 n_layers=4
+    d_model=256``) squeezed the plot area to a sliver."""
+    return plot_width_px + 60 + 7 * max((len(str(x)) for x in labels if x is not None), default=0)
 
 
 def display_text(frame: pd.DataFrame) -> pd.DataFrame:

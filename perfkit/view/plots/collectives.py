@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ._common import display_scale, format_si, hv_bokeh, ok_rows
+from ._common import display_scale, format_si, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["busbw_vs_size", "knob_comparison", "knobs_label", "fit_summary"]
 
@@ -93,11 +93,6 @@ def fit_summary(fit) -> dict[str, str]:
 def _drawable(fit) -> bool:
     """The model is drawn only where it describes the data and both α and β are resolved."""
     return bool(fit["fit_ok"] and fit["alpha_resolved"] and fit["beta_resolved"])
-
-
-def _with_legend(plot_width: int, labels) -> int:
-    """Figure width for a plot area of about ``plot_width`` px and a legend on its right."""
-    return plot_width + 60 + 7 * max((len(str(x)) for x in labels), default=0)
 
 
 def _whole(value):
@@ -263,7 +258,7 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
         hv.opts.Curve(logx=True, logy=True),
         hv.opts.Overlay(title="Collective busbw (× median time; dashed: α-β model, ◆ S½; hollow: noisy)",
                         xlabel="message size S (bytes)", ylabel=f"busbw ({unit})", logx=True,
-                        logy=True, ylim=(min(ys) / 2, max(ys) * 2), width=_with_legend(680, names), height=480,
+                        logy=True, ylim=(min(ys) / 2, max(ys) * 2), width=width_with_legend(names, 680), height=480,
                         legend_position="right", legend_opts={"click_policy": "hide"}, show_grid=True),
     )
 
@@ -316,8 +311,8 @@ def knob_comparison(rows: pd.DataFrame):
         tools=["hover"], hover_tooltips=hover, color="setting", cmap="Category10",
         title=f"Peak busbw per knob setting ({settings} setting{'s' if settings != 1 else ''})",
         xlabel="configuration (bars: knob settings)", ylabel=f"peak busbw ({unit})",
-        width=_with_legend(max(420, 50 * len(frame), 180 * frame["configuration"].nunique()),
-                           frame["setting"].unique()),
+        width=width_with_legend(frame["setting"].unique(),
+                           max(420, 50 * len(frame), 180 * frame["configuration"].nunique())),
         height=440, show_legend=True,
         legend_position="right", legend_opts={"click_policy": "hide"}, show_grid=True, hooks=[_hide_setting_ticks],
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, width_with_legend
 from .pipeline import bubble_vs_microbatches
 from .training import activations_vs_batch, memory_vs_batch, throughput_vs_batch
 
@@ -55,7 +55,8 @@ def model_state_per_rank(df: pd.DataFrame):
     long["part"] = long["part"].map(_PARTS)
     long["size"] = long["bytes"] / scale
     bars = hv.Bars(long, ["series", "part"], "size").opts(
-        stacked=True, tools=["hover"], width=760, height=380, xrotation=30,
+        stacked=True, tools=["hover"], width=width_with_legend([*_PARTS.values(), "predicted"]), height=380,
+        xrotation=30,
         ylabel=f"model state per rank ({prefix}B)", xlabel="", **LEGEND_BESIDE,
         hover_tooltips=[("series", "@series"), ("part", "@part"), ("held", f"@size{{0.00}} {prefix}B")])
     one["predicted"] = one["model_state_bytes_predicted"] / scale

@@ -56,7 +56,8 @@ def temporal_plot(temporal: pd.DataFrame, *, title: str = "Temporal breakdown of
         stacked=True, invert_axes=True, color="part", cmap=TEMPORAL_PARTS, tools=["hover"],
         hover_tooltips=[("run", "@run"), ("part", "@part"), ("share", "@share_pct{0.0} %"),
                         ("time", "@time_ms{0.000} ms"), ("kernel_time", "@kernel_time_ms{0.000} ms")],
-        xlabel="", ylabel="share of kernel_time (%)", title=title + note, legend_position="right", legend_opts={"click_policy": "hide"},
+        xlabel="", ylabel="share of kernel_time (%)", title=title + note,
+        legend_position="right", legend_opts={"click_policy": "hide"},
         width=900, height=90 + 32 * data["run"].nunique(), show_grid=True)
 
 

@@ -1,16 +1,18 @@
 """Training-step plots: throughput, peak memory and MFU against batch size.
 
 Rows are :func:`perfkit.measuring.training.step.run_training` rows (``workload == "train_step"``). One line per
-series: the precision, plus the parallelism (× world size) and the model when the rows hold
-more than one of them. Rows whose status is not ``ok`` are not drawn, except ``oom`` rows, which
+series: the precision, plus the parallelism (× world size), the model and its size when the rows
+hold more than one of them. Rows whose status is not ``ok`` are not drawn, except ``oom`` rows, which
 the throughput plot marks with an × at the batch size that ran out of memory.
 """
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, WIDTH_WITH_LEGEND_PX, display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
@@ -33,12 +35,26 @@ def _series(df: pd.DataFrame) -> pd.Series:
         parts.append(df["parallelism"].astype(str) + "×" + ws)
     if "model" in df and df["model"].nunique() > 1:
         parts.append(df["model"].astype(str))
+    if "model_size" in df:  # the demo's bigger pipeline model drew on one line with the small one
+        sizes = df["model_size"].map(_size_label)
+        if sizes.nunique() > 1:
+            parts.append(sizes)
     if not parts:
         return pd.Series("all", index=df.index)
     label = parts[0]
     for part in parts[1:]:
         label = label + " " + part
     return label
+
+
+def _size_label(model_size) -> str:
+    """``{"n_layers": 4, "d_model": 256}`` (a dict or its JSON) → ``n_layers=4 d_model=256``;
+    the model's defaults when empty or missing."""
+    if isinstance(model_size, str):
+        model_size = json.loads(model_size) if model_size.strip() else {}
+    if not isinstance(model_size, dict) or not model_size:
+        return "default size"
+    return " ".join(f"{k}={v}" for k, v in model_size.items())
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
@@ -111,7 +127,8 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
-                        width=WIDTH_WITH_LEGEND_PX, height=400, **LEGEND_BESIDE, show_grid=True))
+                        width=width_with_legend(e.label for e in elements), height=400, **LEGEND_BESIDE,
+                        show_grid=True))
 
 
 def memory_vs_batch(df: pd.DataFrame):
@@ -129,7 +146,8 @@ def memory_vs_batch(df: pd.DataFrame):
     elements = _lines(rows, "memory", ["series", "peak_mem_kind", "noisy"], hover)
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
-                        ylabel=f"peak memory ({prefix}B)", logx=True, width=WIDTH_WITH_LEGEND_PX, height=360,
+                        ylabel=f"peak memory ({prefix}B)", logx=True,
+                        width=width_with_legend(e.label for e in elements), height=360,
                         **LEGEND_BESIDE, show_grid=True))
 
 
@@ -158,7 +176,7 @@ def activations_vs_batch(df: pd.DataFrame):
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
                               "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
-                        logx=True, width=WIDTH_WITH_LEGEND_PX, height=360, **LEGEND_BESIDE,
+                        logx=True, width=width_with_legend(e.label for e in elements), height=360, **LEGEND_BESIDE,
                         show_grid=True))
 
 
@@ -192,7 +210,8 @@ def mfu_vs_batch(df: pd.DataFrame):
     return hv.Overlay(elements).opts(
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="MFU (analytic model FLOP) and counted-FLOP utilisation",
-                        xlabel="global batch size", ylabel=ylabel, logx=True, width=WIDTH_WITH_LEGEND_PX,
+                        xlabel="global batch size", ylabel=ylabel, logx=True,
+                        width=width_with_legend(e.label for e in elements),
                         height=360, **LEGEND_BESIDE, show_grid=True))
 
 
