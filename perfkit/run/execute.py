@@ -189,9 +189,12 @@ class WarmKernel:
         return self._kc
 
     def close_client(self) -> None:
-        if self._kc is not None:
-            self._kc.stop_channels()
-            self._kc = None
+        kc, self._kc = self._kc, None
+        if kc is not None:
+            try:
+                kc.stop_channels()
+            except Exception:  # noqa: BLE001 - a dead kernel's client may fail to close; it is gone either way
+                pass
 
     async def _ready(self, kc, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -238,40 +241,36 @@ class WarmKernel:
     def kill(self) -> None:
         """SIGKILL the kernel and every process it started (torchrun, ranks: its token's holders),
         and wait until they are gone."""
-        pgid = self.pgid
-        if pgid:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self._kill_group()
         self._reap()
 
     def shutdown(self) -> None:
         """End the kernel now (one configuration per kernel: nothing in it is worth a graceful
         stop) and every process it started. The process group is killed and waited for first:
         ``shutdown_kernel(now=True)`` alone interrupts, kills, then polls every 0.1 s."""
-        try:
-            self.close_client()
-        except Exception:  # noqa: BLE001 - a client of a dead kernel may fail to close; it is gone either way
-            self._kc = None
-        pgid = self.pgid
-        process = getattr(getattr(self.km, "provisioner", None), "process", None)
-        if pgid:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if process is not None:
-                try:
-                    process.wait(timeout=10)
-                except Exception:  # noqa: BLE001 - the reap below still makes sure
-                    pass
+        self.close_client()
+        self._kill_group(wait=True)
         try:  # shutdown_kernel also removes the connection file
             self._run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 - already dead is fine
-            self.kill()  # reaps the token's holders too
-            return
+            pass
         self._reap()
+
+    def _kill_group(self, *, wait: bool = False) -> None:
+        """SIGKILL the kernel's process group; ``wait``: until the kernel process is gone."""
+        pgid = self.pgid
+        if not pgid:
+            return
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if wait and process is not None:
+            try:
+                process.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - the token reap that follows still makes sure
+                pass
 
     def _reap(self) -> None:
         left = _teardown.reap(self.token)
