@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import plots
+from .plots._common import whole
 from ..core.results import load
 
 __all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report",
@@ -105,9 +106,7 @@ def _plain(value):
     """A hashable, comparable key part: None for missing (NaN), int for whole floats."""
     if value is None or (isinstance(value, float) and value != value):
         return None
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
+    return whole(value)
 
 
 def _variant_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -241,9 +240,7 @@ SECTIONS: list[Section] = [
 def _cell(value) -> str:
     if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
         return ""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # an int column that met a missing value in another file's rows
-    return html.escape(str(value))
+    return html.escape(str(whole(value)))  # an int column that met a missing value in another file's rows
 
 
 def sections(df: pd.DataFrame, *, output: str | Path | None = None,

@@ -2,28 +2,51 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from ..display import hv_bokeh  # one place decides inline (offline) or CDN resources
 
 __all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE",
-           "WIDTH_WITH_LEGEND_PX", "width_with_legend"]
+           "width_with_legend", "whole", "mapping_label"]
 
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
 
 #: A legend beside the plot, never over its data (holoviews' bokeh backend draws ``top_right``
 #: and the like inside the frame, ``right`` outside it); a click on an entry hides its series.
 LEGEND_BESIDE = {"legend_position": "right", "legend_opts": {"click_policy": "hide"}}
-#: A figure's width with such a legend: the plot area keeps about the 760 px it had.
-WIDTH_WITH_LEGEND_PX = 960
 
 
-def width_with_legend(labels, plot_width_px: int = 760) -> int:
-    """A figure's width for a plot area of about ``plot_width_px`` beside a legend of ``labels``
-    (about 7 px a character, 60 px for the glyph and padding). Bokeh takes an outside legend's
-    width from the figure's: at a fixed width, long labels (``fp32 pp 1F1B m=2×2 n_layers=4
-    d_model=256``) squeezed the plot area to a sliver."""
+def width_with_legend(entries, plot_width_px: int = 760) -> int:
+    """A figure's width for a plot area of about ``plot_width_px`` beside a legend of ``entries``
+    (labels, or holoviews elements whose ``label`` is one; about 7 px a character, 60 px for the
+    glyph and padding). Bokeh takes an outside legend's width from the figure's: at a fixed
+    width, long labels (``fp32 pp 1F1B m=2×2 n_layers=4 d_model=256``) squeezed the plot area."""
+    labels = (getattr(e, "label", e) for e in entries)
     return plot_width_px + 60 + 7 * max((len(str(x)) for x in labels if x is not None), default=0)
+
+
+def whole(value):
+    """A float that is a whole number as an ``int`` (``2.0`` → ``2``: an integer column that met a
+    missing value reads back as float); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def mapping_label(value, *, empty: str, sep: str = ", ", sort: bool = True) -> str:
+    """A mapping, or its JSON, as ``k=v`` pairs (``{"NCCL_ALGO": "Ring"}`` → ``NCCL_ALGO=Ring``);
+    ``empty`` for an empty or missing one; text that is not a JSON object as it is."""
+    if value is None or (isinstance(value, float) and value != value):
+        value = {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            return value
+    if not isinstance(value, dict):
+        return str(value)
+    items = sorted(value.items()) if sort else value.items()
+    return sep.join(f"{k}={v}" for k, v in items) or empty
 
 
 def display_text(frame: pd.DataFrame) -> pd.DataFrame:

@@ -8,13 +8,12 @@ busbw follows nccl-tests (``shared/reference/formulas.md``): algbw × 2(n−1)/n
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pandas as pd
 
-from ._common import display_scale, format_si, hv_bokeh, ok_rows, width_with_legend
+from ._common import LEGEND_BESIDE, display_scale, format_si, hv_bokeh, mapping_label, ok_rows, whole, width_with_legend
 
 __all__ = ["busbw_vs_size", "knob_comparison", "knobs_label", "fit_summary"]
 
@@ -49,11 +48,7 @@ def _collective_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def knobs_label(knobs: str) -> str:
     """'{"NCCL_ALGO": "Ring"}' → 'NCCL_ALGO=Ring'; an empty setting → 'defaults'."""
-    try:
-        env = json.loads(knobs) if knobs else {}
-    except (TypeError, ValueError):
-        return str(knobs)
-    return ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "defaults"
+    return mapping_label(knobs, empty="defaults")
 
 
 def _format_time(seconds: float) -> str:
@@ -95,11 +90,6 @@ def _drawable(fit) -> bool:
     return bool(fit["fit_ok"] and fit["alpha_resolved"] and fit["beta_resolved"])
 
 
-def _whole(value):
-    """2.0 → 2 (a column read back with NaNs in it is float); anything else as it is."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 def _labeller(data: pd.DataFrame):
     """A function key-dict → short label naming only what differs between configurations."""
     varying = {c for c in ("dtype", "device", "knobs") if c in data and data[c].nunique() > 1}
@@ -107,7 +97,7 @@ def _labeller(data: pd.DataFrame):
     def label(key: dict) -> str:
         parts = [str(key.get("op", "?")) + (" in-place" if key.get("inplace") else "")]
         if "backend" in key or "world_size" in key:
-            parts.append(f"{key.get('backend', '?')}×{_whole(key.get('world_size', '?'))}")
+            parts.append(f"{key.get('backend', '?')}×{whole(key.get('world_size', '?'))}")
         parts += [str(key[c]) for c in ("dtype", "device") if c in varying]
         if "knobs" in varying:
             parts.append(knobs_label(key["knobs"]))
@@ -259,7 +249,7 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
         hv.opts.Overlay(title="Collective busbw (× median time; dashed: α-β model, ◆ S½; hollow: noisy)",
                         xlabel="message size S (bytes)", ylabel=f"busbw ({unit})", logx=True,
                         logy=True, ylim=(min(ys) / 2, max(ys) * 2), width=width_with_legend(names, 680), height=480,
-                        legend_position="right", legend_opts={"click_policy": "hide"}, show_grid=True),
+                        **LEGEND_BESIDE, show_grid=True),
     )
 
 
@@ -314,5 +304,5 @@ def knob_comparison(rows: pd.DataFrame):
         width=width_with_legend(frame["setting"].unique(),
                            max(420, 50 * len(frame), 180 * frame["configuration"].nunique())),
         height=440, show_legend=True,
-        legend_position="right", legend_opts={"click_policy": "hide"}, show_grid=True, hooks=[_hide_setting_ticks],
+        **LEGEND_BESIDE, show_grid=True, hooks=[_hide_setting_ticks],
     )

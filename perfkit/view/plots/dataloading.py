@@ -13,7 +13,7 @@ import pandas as pd
 
 from perfkit.analyse import dataloading as analysis
 
-from ._common import LEGEND_BESIDE, WIDTH_WITH_LEGEND_PX, display_text, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_text, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["throughput_vs_workers", "step_breakdown", "stall_bars", "recommendation_table",
            "dataloading_summary", "dataloading_section"]
@@ -86,7 +86,7 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", 
     what = "step throughput" if metric == "step_samples_per_s" else "loader-only throughput"
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=f"Data loading: {what} vs workers (hollow: noisy; ★ recommended)",
-                        xlabel="num_workers", ylabel="samples/s", width=WIDTH_WITH_LEGEND_PX, height=400,
+                        xlabel="num_workers", ylabel="samples/s", width=width_with_legend(elements), height=400,
                         **LEGEND_BESIDE, show_grid=True))
 
 
@@ -113,7 +113,8 @@ def step_breakdown(df: pd.DataFrame):
     hover = [("configuration", "@configuration"), ("part", "@part"), ("mean per step", "@time_ms{0.00} ms"),
              ("share", "@share_pct{0.0} %"), ("bound", "@bound")]
     return hv.Bars(data, ["configuration", "part"], ["time_ms", "share_pct", "bound"]).opts(
-        stacked=True, tools=["hover"], hover_tooltips=hover, width=WIDTH_WITH_LEGEND_PX, height=400, xrotation=30,
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["part"].unique()),
+        height=400, xrotation=30,
         cmap=_PART_COLORS, color="part", **LEGEND_BESIDE, show_grid=True,
         title="Mean step time: compute and data wait", xlabel="configuration", ylabel="time per step (ms)")
 
@@ -141,7 +142,8 @@ def stall_bars(df: pd.DataFrame):
     data = pd.DataFrame(records)
     hover = [("configuration", "@configuration"), ("part", "@part"), ("per step", "@signed_ms{0.00} ms")]
     return hv.Bars(data, ["configuration", "part"], ["time_ms", "signed_ms"]).opts(
-        stacked=True, tools=["hover"], hover_tooltips=hover, width=WIDTH_WITH_LEGEND_PX, height=400, xrotation=30,
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["part"].unique()),
+        height=400, xrotation=30,
         cmap=_PART_COLORS, color="part", **LEGEND_BESIDE, show_grid=True,
         title="Stall attribution (DS-Analyzer): ceiling, prep and fetch stall per step",
         xlabel="configuration", ylabel="time per step (ms)")

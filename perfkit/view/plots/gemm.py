@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, WIDTH_WITH_LEGEND_PX, ceiling_lines, display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, ceiling_lines, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["gemm_throughput"]
 
@@ -43,6 +43,6 @@ def gemm_throughput(df: pd.DataFrame, ceilings: pd.DataFrame | None = None):
         hv.opts.Curve(logx=True, logy=True),
         hv.opts.Overlay(title="GEMM throughput (hollow: noisy, IQR/median > 0.1)",
                         xlabel="matrix size M=N=K", ylabel=f"achieved {unit}", logx=True, logy=True,
-                        ylim=ylim, width=WIDTH_WITH_LEGEND_PX, height=440, **LEGEND_BESIDE,
+                        ylim=ylim, width=width_with_legend(overlay), height=440, **LEGEND_BESIDE,
                         show_grid=True),
     )

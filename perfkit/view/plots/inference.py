@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from ._common import display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows
 from .roofline import roofline_static
 
 __all__ = ["latency_plot", "ttft_vs_prompt", "tpot_vs_batch", "throughput_vs_latency",
@@ -29,7 +29,6 @@ _KEYS = ("batch_size", "prompt_len", "new_tokens", "precision", "kv_cache", "com
          "sdpa_backend", "model_n_layers", "model_d_model", "resolved_device")
 _PHASE_COLORS = {"prefill": "#1f77b4", "decode": "#d62728"}
 _PHASE_TIME = {"prefill": "ttft_s", "decode": "tpot_s"}
-_LEGEND = {"click_policy": "hide"}  # as the roofline's: one policy for the whole layout
 
 
 def _rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -93,7 +92,7 @@ def latency_plot(df: pd.DataFrame, metric: str = "ttft", x: str = "prompt_len"):
     return hv.Overlay(parts).opts(
         title=f"{name} vs {x.replace('_', ' ')} (median, whisker to p90; hollow: noisy)",
         xlabel=x.replace("_", " "), ylabel=f"{name} ({prefix}s)", logx=logx, width=700, height=380,
-        show_grid=True, legend_position="right", legend_opts=_LEGEND)
+        show_grid=True, **LEGEND_BESIDE)
 
 
 def ttft_vs_prompt(df: pd.DataFrame):
@@ -128,8 +127,7 @@ def throughput_vs_latency(df: pd.DataFrame):
                                 label=series).opts(size=8, tools=["hover"], hover_tooltips=hover))
     return hv.Overlay(parts).opts(
         title="Throughput vs latency (one point per batch size)", xlabel=f"TPOT ({prefix}s)",
-        ylabel="output tokens/s", width=700, height=380, show_grid=True, legend_position="right",
-        legend_opts=_LEGEND)
+        ylabel="output tokens/s", width=700, height=380, show_grid=True, **LEGEND_BESIDE)
 
 
 def roofline_points(df: pd.DataFrame) -> pd.DataFrame:

@@ -63,5 +63,5 @@ def bubble_vs_microbatches(df: pd.DataFrame):
         hv.opts.Curve(ylabel="bubble (% of the pipeline step)"),
         hv.opts.Overlay(title="Pipeline bubble (points: measured; dashed: (p−1)/(v·m+p−1))",
                         xlabel="microbatches per step", ylabel="bubble (% of the pipeline step)",
-                        logx=True, width=width_with_legend(e.label for e in elements), height=400, **LEGEND_BESIDE,
+                        logx=True, width=width_with_legend(elements), height=400, **LEGEND_BESIDE,
                         show_grid=True))

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.errors import BadInputError
-from ._common import display_scale, format_si, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, format_si, hv_bokeh, ok_rows
 
 __all__ = ["roofline", "roofline_static", "roofline_section"]
 
@@ -243,8 +243,7 @@ def _overlays(points, ceilings, trajectory_by, widget_dim, title) -> tuple[dict,
         out[key] = hv.Overlay(parts).opts(
             hv.opts.Overlay(title=heading, xlabel="arithmetic intensity (FLOP/byte)",
                             ylabel=f"achieved {unit}", logx=True, logy=True, xlim=xlim,
-                            ylim=ylim, width=780, height=480, show_grid=True,
-                            legend_position="right", legend_opts={"click_policy": "hide"}))
+                            ylim=ylim, width=780, height=480, show_grid=True, **LEGEND_BESIDE))
     return out, dim
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, WIDTH_WITH_LEGEND_PX, display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars",
            "scaling_section"]
@@ -84,7 +84,7 @@ def efficiency_vs_world_size(df: pd.DataFrame, *, baselines: Sequence[str] = ("n
     return hv.Overlay(elements + [ideal, text]).opts(
         hv.opts.Overlay(title="Scaling efficiency (dashed: ideal 1.0; hollow: noisy)",
                         xlabel="world size (ranks)", ylabel="efficiency", ylim=(0, max(tops) * 1.15),
-                        width=WIDTH_WITH_LEGEND_PX, height=400, **LEGEND_BESIDE, show_grid=True))
+                        width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))
 
 
 def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
@@ -122,7 +122,7 @@ def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
                 line_dash="dashed", color="gray"))
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=f"Throughput (dashed: ideal N·X(1), X(1) {_BASELINES.get(baseline, baseline)})",
-                        xlabel="world size (ranks)", ylabel=f"throughput ({unit})", width=WIDTH_WITH_LEGEND_PX,
+                        xlabel="world size (ranks)", ylabel=f"throughput ({unit})", width=width_with_legend(elements),
                         height=400, **LEGEND_BESIDE, show_grid=True))
 
 
@@ -162,7 +162,8 @@ def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)
              ("noisy", "@noisy")]
     bars = hv.Bars(data, ["point", "component"], ["time", "value_s", "step_time_s", "noisy"])
     return bars.opts(
-        stacked=True, tools=["hover"], hover_tooltips=hover, width=WIDTH_WITH_LEGEND_PX, height=400,
+        stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["component"].unique()),
+        height=400,
         cmap=_COLORS, color="component", **LEGEND_BESIDE, show_grid=True,
         title="Step time breakdown (stacks to the step time)", xlabel="point",
         ylabel=f"time ({unit})")

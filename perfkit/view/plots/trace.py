@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import hv_bokeh
+from ._common import LEGEND_BESIDE, hv_bokeh
 
 __all__ = ["temporal_plot", "top_kernels_plot", "short_name", "TEMPORAL_PARTS"]
 
@@ -57,7 +57,7 @@ def temporal_plot(temporal: pd.DataFrame, *, title: str = "Temporal breakdown of
         hover_tooltips=[("run", "@run"), ("part", "@part"), ("share", "@share_pct{0.0} %"),
                         ("time", "@time_ms{0.000} ms"), ("kernel_time", "@kernel_time_ms{0.000} ms")],
         xlabel="", ylabel="share of kernel_time (%)", title=title + note,
-        legend_position="right", legend_opts={"click_policy": "hide"},
+        **LEGEND_BESIDE,
         width=900, height=90 + 32 * data["run"].nunique(), show_grid=True)
 
 

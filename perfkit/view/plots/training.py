@@ -8,11 +8,9 @@ the throughput plot marks with an × at the batch size that ran out of memory.
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, width_with_legend
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, mapping_label, ok_rows, width_with_legend
 
 __all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
@@ -36,7 +34,7 @@ def _series(df: pd.DataFrame) -> pd.Series:
     if "model" in df and df["model"].nunique() > 1:
         parts.append(df["model"].astype(str))
     if "model_size" in df:  # the demo's bigger pipeline model drew on one line with the small one
-        sizes = df["model_size"].map(_size_label)
+        sizes = df["model_size"].map(lambda v: mapping_label(v, empty="default size", sep=" ", sort=False))
         if sizes.nunique() > 1:
             parts.append(sizes)
     if not parts:
@@ -45,16 +43,6 @@ def _series(df: pd.DataFrame) -> pd.Series:
     for part in parts[1:]:
         label = label + " " + part
     return label
-
-
-def _size_label(model_size) -> str:
-    """``{"n_layers": 4, "d_model": 256}`` (a dict or its JSON) → ``n_layers=4 d_model=256``;
-    the model's defaults when empty or missing."""
-    if isinstance(model_size, str):
-        model_size = json.loads(model_size) if model_size.strip() else {}
-    if not isinstance(model_size, dict) or not model_size:
-        return "default size"
-    return " ".join(f"{k}={v}" for k, v in model_size.items())
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +115,7 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
-                        width=width_with_legend(e.label for e in elements), height=400, **LEGEND_BESIDE,
+                        width=width_with_legend(elements), height=400, **LEGEND_BESIDE,
                         show_grid=True))
 
 
@@ -147,7 +135,7 @@ def memory_vs_batch(df: pd.DataFrame):
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
                         ylabel=f"peak memory ({prefix}B)", logx=True,
-                        width=width_with_legend(e.label for e in elements), height=360,
+                        width=width_with_legend(elements), height=360,
                         **LEGEND_BESIDE, show_grid=True))
 
 
@@ -176,7 +164,7 @@ def activations_vs_batch(df: pd.DataFrame):
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
                               "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
-                        logx=True, width=width_with_legend(e.label for e in elements), height=360, **LEGEND_BESIDE,
+                        logx=True, width=width_with_legend(elements), height=360, **LEGEND_BESIDE,
                         show_grid=True))
 
 
@@ -211,7 +199,7 @@ def mfu_vs_batch(df: pd.DataFrame):
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="MFU (analytic model FLOP) and counted-FLOP utilisation",
                         xlabel="global batch size", ylabel=ylabel, logx=True,
-                        width=width_with_legend(e.label for e in elements),
+                        width=width_with_legend(elements),
                         height=360, **LEGEND_BESIDE, show_grid=True))
 
 
