@@ -24,6 +24,7 @@ notebook that only prints) gets one, or the results would not show that it ran.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import sys
 import threading
@@ -220,7 +221,7 @@ class WarmKernel:
             channel = kc.iopub_channel if reply is not None else kc.shell_channel
             try:
                 msg = await channel.get_msg(timeout=left)
-            except Exception:  # noqa: BLE001 - queue.Empty: nothing within the time left
+            except queue.Empty:  # nothing within the time left
                 return None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
