@@ -291,12 +291,15 @@ def test_a_launch_past_its_deadline_gives_timeout_rows_and_the_run_goes_on():
 @pytest.mark.slow
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
 def test_an_injected_straggler_is_reported_as_straggler_time_not_as_communication(wrapper):
-    """Calibration on real gloo ranks: rank 1 computes 50 ms longer every step. In the synchronised
+    """Calibration on real gloo ranks: rank 1 computes 100 ms longer every step. In the synchronised
     step rank 0 waits for it inside the collectives, so both ranks' step times are equal; only the
     compute-only step (no collective at all: FSDP keeps its parameters gathered there) shows which
     rank is slow and by how much. The same run without the delay is the reference for what the
-    collectives themselves expose (about 1 ms under DDP, ~15 ms under FSDP on gloo here)."""
-    delay_s = 0.05
+    collectives themselves expose (about 1 ms under DDP, ~15 ms under FSDP on gloo here). The delay
+    is 100 ms, not 50: under a full suite FSDP's exposed communication alone moved 26 ms between
+    the two runs (14.5 → 40.7 ms), past half of a 50 ms delay, the bound that tells "not
+    communication" (a shift of about 0) from "counted as communication" (a shift of the delay)."""
+    delay_s = 0.1
 
     def breakdown(delay):
         # 11 timed steps: the two runs' medians are steadier on shared cores, for 1 s more of delay.
