@@ -523,6 +523,32 @@ def test_every_perfkit_import_and_launch_target_resolves():
     assert not found, "imports or launch targets that name nothing:\n" + "\n".join(found)
 
 
+#: What a rank never imports: every rank of every launch starts a fresh interpreter, and pandas
+#: with pyarrow cost ~0.4 s of CPU there (123 ranks in a run of the suite), the plotting stack more.
+RANK_NEVER_LOADS = ("pandas", "pyarrow", "holoviews", "bokeh", "panel", "matplotlib")
+
+
+def launch_targets(root: Path = PACKAGE) -> list[str]:
+    """The modules of the package's ``"perfkit.x:fn"`` launch targets, sorted."""
+    tree = _Tree(root)
+    return sorted({target.partition(":")[0] for mod in tree.modules for node in ast.walk(tree.trees[mod])
+                   for target, _ in _module_strings(node, tree.name) if ":" in target})
+
+
+def test_a_rank_loads_neither_pandas_nor_the_plotting_stack():
+    import subprocess
+    import sys
+
+    targets = launch_targets()
+    assert "perfkit.measuring.training.step" in targets and "perfkit.measuring.collectives.benchmark" in targets
+    probe = (f"import sys, importlib\nfor m in {['perfkit.run._rank_entry', *targets]!r}: importlib.import_module(m)\n"
+             f"print(' '.join(m for m in {RANK_NEVER_LOADS!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert not out.stdout.split(), (f"importing the launch targets {targets} loads {out.stdout.split()}: import "
+                                    "them inside the functions that build DataFrames or plots, not at module level")
+
+
 def test_notebooks_templates_and_benchmarks_use_paths_that_exist():
     found = unresolved_outside(REPO, PACKAGE)
     assert not found, "stale perfkit import paths outside the package:\n" + "\n".join(found)

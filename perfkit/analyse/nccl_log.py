@@ -16,8 +16,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
+    import pandas as pd
+
 
 __all__ = ["NcclLog", "parse", "knob_check", "summarize_check", "observed", "ALGO_IDS", "PROTO_IDS",
            "HONOURED", "NOT_HONOURED", "UNVERIFIABLE"]
@@ -118,6 +121,7 @@ def _matrix(lines: list[str], start: int) -> list[dict]:
 
 def parse(text: str) -> NcclLog:
     """Parse NCCL_DEBUG=INFO text (one rank's log or several concatenated)."""
+    import pandas as pd
     lines = text.splitlines()
     banner = _BANNER.search(text)
     env, tuning, coll, init, enabled, networks, channels, nranks = [], [], [], [], [], [], [], []
@@ -273,6 +277,7 @@ def knob_check(log_text: str | NcclLog, requested_env: Mapping[str, str], *, fun
     Columns: knob, requested, echoed (the value NCCL echoed, or None), observed, verdict
     (``honoured``/``not_honoured``/``unverifiable``), reason.
     """
+    import pandas as pd
     log = log_text if isinstance(log_text, NcclLog) else parse(log_text)
     if env_text is None:
         echoes = log

@@ -53,11 +53,13 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from perfkit.core import checks
 from perfkit.core.errors import BadInputError
+
+if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
+    import pandas as pd
 
 __all__ = ["SCHEDULES", "WORKLOAD_KEYS", "OVERHEAD_LIMIT", "check_schedule", "predicted_bubble_fraction", "prediction_reason", "measured_bubble_fraction",
            "rank_bubble_fraction", "StepTimeFit", "fit_step_time", "bubble_table", "row_columns"]
@@ -256,6 +258,7 @@ def bubble_table(df: pd.DataFrame) -> pd.DataFrame:
     :data:`WORKLOAD_KEYS` present) of the ``ok`` pipeline rows: the median measured bubble
     fraction and its split, the predicted one, the first row's
     ``bubble_fraction_reason`` (None: the bubble is the schedule's) and the median step time."""
+    import pandas as pd
     rows = df
     if "status" in rows:
         rows = rows[rows["status"] == "ok"]

@@ -36,7 +36,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -296,6 +295,7 @@ def _knob_columns(cfg: CollectivesConfig, op: str, size_bytes: int, logs) -> dic
 def reduce_rank_results(rank_results, cfg: CollectivesConfig, rank_logs=()):
     """One row per (op, inplace, size) from every rank's :func:`collectives_rank` result;
     ``rank_logs``: every rank's log of the knob check pass (rank 0 first), if one ran."""
+    import pandas as pd
     if not rank_results or any(r is None for r in rank_results):
         raise BadInputError("every rank must have returned a result")
     n = rank_results[0]["world_size"]

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.ops.op_formulas import distinct_bytes, dtype_name, op_rule, tensors_in
+
+if TYPE_CHECKING:  # pandas only where a frame is built: a rank counting its step never loads it
+    import pandas as pd
 
 __all__ = [
     "FAMILIES",
@@ -104,6 +107,8 @@ class OpCounter(TorchDispatchMode):
 
     def frame(self) -> pd.DataFrame:
         """The rows recorded so far, in call order."""
+        import pandas as pd
+
         df = pd.DataFrame(self.rows, columns=list(COLUMNS))
         return df.astype({"flop": "int64", "bytes_read": "float64", "bytes_written": "float64",
                           "time_s": "float64", "counted": "bool"})
@@ -151,26 +156,36 @@ class CoverageReport:
 
     def frame(self) -> pd.DataFrame:
         """The uncounted ops as a DataFrame (op, calls, time_s, time_share)."""
+        import pandas as pd
+
         return pd.DataFrame([vars(u) for u in self.uncounted],
                             columns=["op", "calls", "time_s", "time_share"])
 
 
-def coverage(df: pd.DataFrame) -> CoverageReport:
-    """Summarise which ops of a :func:`count_ops` frame were not counted, and their time share."""
-    missing = {"op", "time_s", "counted"} - set(df.columns)
+def coverage(ops: pd.DataFrame | Iterable[Mapping]) -> CoverageReport:
+    """Summarise which ops of a :func:`count_ops` frame (or an :class:`OpCounter`'s ``rows``, as a
+    rank has them) were not counted, and their time share."""
+    columns = getattr(ops, "columns", None)
+    records = ops.to_dict("records") if columns is not None else list(ops)
+    present = set(columns) if columns is not None else (set(records[0]) if records else set(COLUMNS))
+    missing = {"op", "time_s", "counted"} - present
     if missing:
         raise BadInputError(f"coverage needs a count_ops frame; missing columns {sorted(missing)}")
-    total = float(df["time_s"].sum())
+    total = math.fsum(float(r["time_s"]) for r in records)
     share = (lambda t: t / total) if total > 0 else (lambda t: math.nan)
-    counted = df["counted"].astype(bool)
-    groups = df[~counted].groupby("op", sort=False)["time_s"].agg(["count", "sum"])
-    groups = groups.sort_values(["sum", "count"], ascending=False)
+    groups: dict[str, list] = {}  # op -> [calls, time_s], in first-call order
+    for r in records:
+        if not bool(r["counted"]):
+            group = groups.setdefault(str(r["op"]), [0, 0.0])
+            group[0] += 1
+            group[1] += float(r["time_s"])
+    ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))  # most time, then most calls
+    counted = [r for r in records if bool(r["counted"])]
     return CoverageReport(
-        uncounted=tuple(UncountedOp(op=str(op), calls=int(r["count"]), time_s=float(r["sum"]),
-                                    time_share=share(float(r["sum"])))
-                        for op, r in groups.iterrows()),
-        counted_time_share=share(float(df.loc[counted, "time_s"].sum())),
-        counted_calls=int(counted.sum()), total_calls=len(df), total_time_s=total)
+        uncounted=tuple(UncountedOp(op=op, calls=calls, time_s=time_s, time_share=share(time_s))
+                        for op, (calls, time_s) in ranked),
+        counted_time_share=share(math.fsum(float(r["time_s"]) for r in counted)),
+        counted_calls=len(counted), total_calls=len(records), total_time_s=total)
 
 
 from perfkit.measuring.ops.profiling import profile_op_times  # noqa: E402,F401 - re-exported: counts and times go together

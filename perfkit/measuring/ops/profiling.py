@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
 from perfkit.core.errors import BadInputError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["profile_op_times"]
 
@@ -23,6 +26,8 @@ def profile_op_times(fn: Callable, *args, device: str | None = None, trace_path=
     gzipped Chrome trace there (:func:`perfkit.measuring.ops.trace_capture.write_trace`); the frame's
     ``attrs`` then hold ``trace_path`` and ``trace_reason``.
     """
+    import pandas as pd
+
     from torch.profiler import ProfilerActivity, profile
 
     from perfkit.measuring.ops.trace_capture import quiet_kineto

@@ -46,8 +46,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from perfkit.measuring.training import parallel
 from perfkit.core import checks
@@ -58,6 +57,9 @@ from perfkit.core.timing import Measurement
 from perfkit.measuring.training.config import TrainConfig, check_supported, config_device
 from perfkit.measuring.ops.trace_capture import summary_columns
 from perfkit.measuring.training.step import train_rank, with_trace_dir
+
+if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
+    import pandas as pd
 
 __all__ = ["ScalingConfig", "run_scaling", "scaling_rank", "raise_if_failed", "WRAPPERS"]
 
@@ -311,6 +313,7 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
     launch that fails gives rows with its status (``failed``, ``oom``, ``timeout``, ``killed``)
     and the error as ``reason``, and the other world sizes still run.
     """
+    import pandas as pd
     from perfkit.run.launch import launch
 
     device = config_device(cfg.train)

@@ -198,7 +198,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             if step >= cfg.warmup_steps:
                 samples_s.append(time.perf_counter() - t0)
             if isinstance(counter, OpCounter):
-                counted = counter.frame()
+                counted = counter.rows  # records, not a DataFrame: a rank does not load pandas
             if meter is not None:
                 saved_peak, gather_peak = float(meter.peak_bytes), float(meter.gather_peak_bytes)
             losses.append(loss.detach().float())
@@ -214,7 +214,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "data_time_samples_s": data_s, "trace_path": str(profiler.path) if profiler.path else None,
             "trace_reason": profiler.reason,
             "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
-            "counted_flop": int(counted["flop"].sum()) if counted is not None else None,
+            "counted_flop": sum(int(r["flop"]) for r in counted) if counted is not None else None,
             "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
             "activation_bytes_measured": saved_peak, "param_gather_bytes_measured": gather_peak,
@@ -250,19 +250,21 @@ _COLLECTIVES = {"all_gather": ("allgather",), "reduce_scatter": ("reduce_scatter
                 "all_reduce": ("allreduce",)}
 
 
-def _collective_calls(counted) -> dict[str, int] | None:
+def _collective_calls(counted: list[dict] | None) -> dict[str, int] | None:
     """Calls per collective kind among the c10d ops of the counted step (None: not counted)."""
     if counted is None:
         return None
-    ops = [op for op in counted["op"] if op.startswith("c10d.")]
+    ops = [r["op"] for r in counted if r["op"].startswith("c10d.")]
     return {kind: sum(any(k in op for k in keys) for op in ops) for kind, keys in _COLLECTIVES.items()}
 
 
-def _matmul_dtype(counted) -> str | None:
+def _matmul_dtype(counted: list[dict] | None) -> str | None:
     """The dtype that carried most of the counted matmul FLOP: what the matmuls ran in."""
-    if counted is None or not (mm := counted[counted["family"] == "matmul"]).size:
-        return None
-    return str(mm.groupby("dtype")["flop"].sum().idxmax())
+    flop_by_dtype: dict[str, int] = {}
+    for r in counted or ():
+        if r["family"] == "matmul":
+            flop_by_dtype[r["dtype"]] = flop_by_dtype.get(r["dtype"], 0) + int(r["flop"])
+    return str(max(flop_by_dtype, key=flop_by_dtype.get)) if flop_by_dtype else None
 
 
 def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
