@@ -142,3 +142,21 @@ def test_a_thread_count_sets_every_thread_variable_and_an_omp_override_carries_m
     assert with_threads(slot, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2"})["MKL_NUM_THREADS"] == "2"
     assert with_threads(slot, {"OTHER": "x"}) == {**slot, "OTHER": "x"}
     assert slot["MKL_NUM_THREADS"] == "2"  # the base is not modified
+
+
+@pytest.mark.parametrize("variables", [{"OMP_NUM_THREADS": "1"}, {"MKL_NUM_THREADS": "1"}, {}],
+                         ids=["omp", "mkl-only", "unset"])
+def test_the_threads_read_from_an_environment_are_the_ones_torch_starts_with(variables):
+    """The sweep engine fingerprints a configuration's ending row without importing torch, from
+    the kernel's environment (threads_from_env, else the affinity mask): torch must agree."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in cs.THREAD_VARIABLES}
+    env.update(variables)
+    probe = ("import os, torch; from perfkit.core.cpu_share import cpu_share, threads_from_env, affinity_cpus;"
+             "print(torch.get_num_threads(), threads_from_env(os.environ) or len(affinity_cpus()))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    torch_threads, read = out.stdout.split()
+    assert torch_threads == read, f"under {variables or 'no thread variable'} torch starts {torch_threads} threads, perfkit reads {read}"

@@ -409,6 +409,30 @@ def test_an_ok_notebook_that_records_nothing_leaves_a_row(tmp_path):
     assert df["config_id"].iloc[0] == result.outcomes[0].config_id
 
 
+@pytest.mark.slow
+def test_the_row_the_engine_writes_is_fingerprinted_as_its_kernel_ran_and_the_engine_never_imports_torch(tmp_path):
+    """One configuration records its own row (its kernel's fingerprint), one records nothing (the
+    engine writes its row): both rows describe the same environment — the slot's thread share,
+    the notebook's git checkout — though the engine runs elsewhere (cwd outside any repository, no
+    thread variable), and the engine describes it without the 1.5 s of importing torch."""
+    spec = write_spec(tmp_path, {"parts": [{"notebook": str(TRIVIAL), "grid": {"x": [1]}},
+                                           {"notebook": str(NO_RECORD), "grid": {"x": [2]}}]})
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    engine = ("import sys; from perfkit.cli import main; code = main(sys.argv[1:]);"
+              "print('engine imported torch:', 'torch' in sys.modules); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", engine, "sweep", str(spec), "--out", str(tmp_path / "out"),
+                           "--workers", "2", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "engine imported torch: False" in done.stdout
+    rows = perfkit.load(tmp_path / "out").set_index("x")
+    own, engines = rows.loc[1], rows.loc[2]
+    assert "x_seen" in rows and own["x_seen"] == 1 and rows["x_seen"].isna()[2]  # who wrote which
+    slot_threads = int(device_slots(2, 1, gpu_ids=[])[0]["OMP_NUM_THREADS"])
+    assert engines["env_cpu_threads"] == own["env_cpu_threads"] == slot_threads
+    assert engines["env_git_sha"] == own["env_git_sha"] is not None
+    assert engines["env_fingerprint_id"] == own["env_fingerprint_id"]
+
+
 def _entry(cid, status, attempt=1, **kw):
     from perfkit.run.sweep.ledger import LedgerEntry
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["SYS_CPU", "THREAD_VARIABLES", "CpuShare", "affinity_cpus", "cpu_share", "parse_cpu_list",
-           "physical_core_ids", "run_cores", "thread_env", "with_threads"]
+           "physical_core_ids", "run_cores", "thread_env", "threads_from_env", "with_threads"]
 
 #: Where Linux describes its CPUs (sysfs).
 SYS_CPU = Path("/sys/devices/system/cpu")
@@ -152,12 +153,24 @@ class CpuShare:
         return asdict(self)
 
 
+def threads_from_env(environ: Mapping[str, str]) -> int | None:
+    """The intra-op threads torch starts with in a process of environment ``environ``:
+    ``OMP_NUM_THREADS``, else ``MKL_NUM_THREADS`` (torch 2.13 honours either), else None (the
+    affinity mask's CPUs)."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
 def _torch_threads() -> int | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.get_num_threads()
+    """torch's intra-op threads in this process; where torch is not imported (the sweep engine
+    describing a row it writes), what torch would start with (:func:`threads_from_env`)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.get_num_threads()
+    return threads_from_env(os.environ)
 
 
 def cpu_share(*, cpus: Iterable[int] | None = None, threads: int | None = None,

@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +24,8 @@ from .specs import spec_ceilings
 __all__ = [
     "DeviceInfo",
     "CpuPeak",
+    "TorchBuild",
+    "torch_build",
     "detect",
     "resolve_device",
     "cpu_theoretical_peak",
@@ -54,18 +58,59 @@ class DeviceInfo:
 # --------------------------------------------------------------------------------------------
 # Detection
 
-def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a CUDA/ROCm device is visible, else ``cpu``; others validated."""
+@dataclass(kw_only=True, frozen=True)
+class TorchBuild:
+    """What the installed torch was built for, read from ``torch/version.py`` without importing
+    torch (1.5 s of CPU): the sweep engine describes the rows it writes itself with it."""
+
+    version: str
+    cuda: str | None
+    hip: str | None
+
+    @property
+    def gpu(self) -> bool:
+        """Built for CUDA or ROCm: only then can torch see a GPU (and only torch can say which)."""
+        return self.cuda is not None or self.hip is not None
+
+
+@lru_cache(maxsize=1)
+def torch_build() -> TorchBuild:
+    """The installed torch's build (:class:`TorchBuild`); torch's own values when it is imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        spec = importlib.util.find_spec("torch")  # finds the package without running it
+        where = spec.submodule_search_locations if spec else None
+        if where:
+            path = Path(list(where)[0]) / "version.py"
+            version_spec = importlib.util.spec_from_file_location("_perfkit_torch_version", path)
+            if version_spec is not None and path.is_file():
+                module = importlib.util.module_from_spec(version_spec)
+                version_spec.loader.exec_module(module)
+                return TorchBuild(version=module.__version__, cuda=module.cuda, hip=getattr(module, "hip", None))
+        import torch
+    return TorchBuild(version=str(torch.__version__), cuda=torch.version.cuda, hip=getattr(torch.version, "hip", None))
+
+
+def _gpu_visible() -> bool:
+    """A CUDA/ROCm device is visible: never on a CPU-only build (no torch import needed), else torch's
+    answer."""
+    if "torch" not in sys.modules and not torch_build().gpu:
+        return False
     import torch
 
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` → ``cuda`` when a CUDA/ROCm device is visible, else ``cpu``; others validated."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if _gpu_visible() else "cpu"
     kind = device.split(":")[0]
     if kind not in {"cpu", "cuda"}:
         from .errors import BadInputError
 
         raise BadInputError(f"device {device!r} is not supported; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    if kind == "cuda" and not torch.cuda.is_available():
+    if kind == "cuda" and not _gpu_visible():
         from .errors import BadInputError
 
         raise BadInputError(f"device {device!r} requested but torch sees no CUDA/ROCm device")
@@ -74,10 +119,10 @@ def resolve_device(device: str = "auto") -> str:
 
 def detect(device: str = "auto") -> DeviceInfo:
     """Describe ``device`` (``auto``: the first GPU if any, else the CPU)."""
-    import torch
-
     resolved = resolve_device(device)
     if resolved.startswith("cuda"):
+        import torch
+
         index = torch.device(resolved).index or 0
         props = torch.cuda.get_device_properties(index)
         is_hip = getattr(torch.version, "hip", None) is not None

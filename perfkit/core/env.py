@@ -18,14 +18,16 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from . import __version__
-from .devices import cpu_clock_hz, cpu_model_name, detect
+from .devices import cpu_clock_hz, cpu_model_name, detect, torch_build
 
 __all__ = ["fingerprint", "fingerprint_id", "PERF_ENV_PREFIXES", "PERF_ENV_NAMES", "flat_columns",
-           "row_device", "fingerprint_columns", "measured_devices"]
+           "row_device", "fingerprint_columns", "measured_devices", "Described"]
 
 # Environment variables that change what runs or how fast: collective libraries, threading,
 # device visibility, allocators, compilers.
@@ -38,11 +40,21 @@ PERF_ENV_NAMES = (
 )
 
 
-def _perf_env() -> dict[str, str]:
+def _perf_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {
-        k: v for k, v in sorted(os.environ.items())
+        k: v for k, v in sorted(environ.items())
         if k in PERF_ENV_NAMES or k.startswith(PERF_ENV_PREFIXES)
     }
+
+
+@dataclass(frozen=True)
+class Described:
+    """Another process of this machine and interpreter, as a fingerprint describes it: its
+    environment (thread share, performance variables) and working directory (git checkout). The
+    sweep engine writes the row of how a configuration ended as its kernel ran."""
+
+    environ: Mapping[str, str]
+    cwd: str | Path
 
 
 def _git(cwd: Path) -> dict:
@@ -62,15 +74,12 @@ def _git(cwd: Path) -> dict:
 
 
 def _torch_facts() -> dict:
+    build = torch_build()  # a CPU-only build is described without importing torch
+    facts = {"torch": build.version, "torch_cuda": build.cuda, "torch_hip": build.hip, "nccl": None, "cudnn": None}
+    if not build.gpu:
+        return facts
     import torch
 
-    facts = {
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "torch_hip": getattr(torch.version, "hip", None),
-        "nccl": None,
-        "cudnn": None,
-    }
     if torch.cuda.is_available():
         try:
             facts["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
@@ -127,11 +136,12 @@ def _static(device: str) -> dict:
     return facts
 
 
-def _cpu_share_facts() -> dict:
-    """What this process has of the CPU now (threads and affinity can change at run time)."""
+def _cpu_share_facts(threads: int | None = None) -> dict:
+    """What this process has of the CPU now (threads and affinity can change at run time), or a
+    process of ``threads`` compute threads with this affinity."""
     from .cpu_share import cpu_share
 
-    share = cpu_share()
+    share = cpu_share(threads=threads)
     return {"torch_threads": share.threads, "cpu_threads": share.threads,
             "cpu_affinity_cpus": len(share.cpus), "cpu_affinity_cores": share.physical_cores,
             "cpu_cores_counted": share.cores, "cpu_topology_source": share.topology_source}
@@ -149,10 +159,18 @@ def _describable(device: str) -> str:
     return device
 
 
-def _dynamic(cwd: str | Path | None) -> dict:
-    facts = _git(Path(cwd) if cwd else Path.cwd())
-    facts.update(_cpu_share_facts())
-    facts["env_vars"] = _perf_env()
+def _dynamic(cwd: str | Path | None, process: Described | None = None) -> dict:
+    """The facts that can change while a process runs: this one's, or ``process``'s."""
+    from .cpu_share import threads_from_env
+
+    if process is None:
+        facts = _git(Path(cwd) if cwd else Path.cwd())
+        facts.update(_cpu_share_facts())
+        facts["env_vars"] = _perf_env(os.environ)
+    else:
+        facts = _git(Path(process.cwd))
+        facts.update(_cpu_share_facts(threads_from_env(process.environ)))
+        facts["env_vars"] = _perf_env(process.environ)
     facts["argv0"] = Path(sys.executable).name
     return facts
 
@@ -179,15 +197,16 @@ def row_device(row) -> str:
     return "auto"
 
 
-def fingerprint_columns(frame, cwd: str | Path | None = None):
+def fingerprint_columns(frame, process: Described | None = None):
     """The :func:`flat_columns` of every row of ``frame``, each for the device it measured
-    (:func:`row_device`); a DataFrame aligned with ``frame`` by position."""
+    (:func:`row_device`); a DataFrame aligned with ``frame`` by position. ``process``: the process
+    that measured them, where it is not this one."""
     import pandas as pd
 
     cols = [c for c in _DEVICE_COLUMNS if c in frame.columns]
     devices = ([row_device(r) for r in frame[cols].to_dict("records")] if cols
                else ["auto"] * len(frame))
-    dynamic = _dynamic(cwd)  # git and the CPU share: read once per record, not per device
+    dynamic = _dynamic(None, process)  # git and the CPU share: read once per record, not per device
     flat = {d: flat_columns({**_static(_describable(d)), **dynamic}) for d in set(devices)}
     return pd.DataFrame([flat[d] for d in devices], index=range(len(frame)))
 

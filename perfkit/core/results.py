@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -39,7 +40,10 @@ from .durable import write_atomic
 from .errors import BadInputError, ConfigurationSkipped
 from .results_files import IGNORE_MARKER, TMP_MARK, concat_to_pandas, merge_units, read_tables, result_files
 
-__all__ = ["RunContext", "current_context", "record", "skip", "load", "write_rows", "CONTEXT_ENV", "unit_of",
+if TYPE_CHECKING:
+    from .env import Described
+
+__all__ = ["RunContext", "current_context", "record", "record_ending", "skip", "load", "write_rows", "CONTEXT_ENV", "unit_of",
            "IGNORE_MARKER"]
 
 CONTEXT_ENV = "PERFKIT_CONTEXT"
@@ -138,7 +142,8 @@ def _params_cell(value):
     return json.dumps(value) if isinstance(value, (list, tuple, dict)) else value
 
 
-def _complete(frame: pd.DataFrame, ctx: RunContext, status: str, reason: str | None) -> pd.DataFrame:
+def _complete(frame: pd.DataFrame, ctx: RunContext, status: str, reason: str | None,
+              process: Described | None = None) -> pd.DataFrame:
     from .env import fingerprint_columns
 
     if status not in _status.STATUSES:
@@ -159,7 +164,7 @@ def _complete(frame: pd.DataFrame, ctx: RunContext, status: str, reason: str | N
         frame["param_names"] = json.dumps(names)
     frame["notebook"] = ctx.notebook
     frame["recorded_at"] = pd.Timestamp.now(tz="UTC")
-    env = fingerprint_columns(frame)  # each row's fingerprint is of the device it measured
+    env = fingerprint_columns(frame, process)  # each row's fingerprint is of the device it measured
     for col in env.columns:
         frame[col] = env[col].to_numpy()
     return frame
@@ -197,6 +202,18 @@ def record(rows, *, status: str = _status.OK, reason: str | None = None,
     """
     ctx = context or current_context()
     frame = _complete(_as_frame(rows), ctx, status, reason)
+    write_rows(frame, ctx.results_path)
+    return frame
+
+
+def record_ending(ctx: RunContext, status: str, reason: str | None, *, environ: Mapping[str, str],
+                  cwd: str | Path) -> pd.DataFrame:
+    """The one row saying how a configuration ended, written by the process that ran it (the sweep
+    engine) rather than by its kernel: fingerprinted as that kernel ran, with ``environ`` (its
+    thread share and performance variables) and ``cwd`` (its git checkout), not the engine's."""
+    from .env import Described
+
+    frame = _complete(pd.DataFrame([{}]), ctx, status, reason, Described(environ=dict(environ), cwd=cwd))
     write_rows(frame, ctx.results_path)
     return frame
 

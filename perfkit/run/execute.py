@@ -35,7 +35,7 @@ from pathlib import Path
 
 from . import _teardown
 from ..core import status as st
-from ..core.results import CONTEXT_ENV, RunContext, load, record
+from ..core.results import CONTEXT_ENV, RunContext, load, record_ending
 
 __all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "trust_executed", "has_status_row"]
 
@@ -411,7 +411,8 @@ def execute_config(
             reason = f"{error_name}: {message}" if error_name else message
             if cell is not None:
                 reason = f"{reason} (cell {cell})"
-        record([{}], status=status, reason=reason, context=ctx)
+        kernel_vars = kernel.env_overrides if kernel is not None else (env or {})
+        record_ending(ctx, status, reason, environ={**os.environ, **kernel_vars}, cwd=notebook.resolve().parent)
     return Outcome(config_id=config_id, status=status, error_name=error_name, message=message,
                    cell=cell, output_notebook=output_notebook, results_path=results_path,
                    started_at=started, duration_s=duration)
