@@ -1,4 +1,4 @@
-"""What each rank runs under torchrun: ``python -m perfkit.run._rank_entry JOB_FILE``.
+"""What each rank runs: ``python -m perfkit.run._rank_entry JOB_FILE`` (started by the launcher, or torchrun).
 
 Written for :func:`perfkit.run.launch.launch` only. The rank redirects its own stdout and stderr (the
 file descriptors, so C++ logging such as ``NCCL_DEBUG=INFO`` is captured too) into a log file in
@@ -9,7 +9,7 @@ files; a rank that dies without writing one was killed or exited on its own.
 A rank never outlives its launcher: when the process that called ``launch`` dies (a kernel killed
 at a sweep's timeout or restarted in JupyterLab), nobody would read its result or stop it, and on
 a GPU it would hold device memory under the next configuration. It then kills every process of
-its launch (the launch's teardown token: torchrun, its peers, their children) and itself.
+its launch (the launch's teardown token: its peers, torchrun if any, their children) and itself.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main(job_path: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         # Exit at once: peers may be blocked in a collective with this rank, and a normal
-        # interpreter shutdown could wait on the process group; torchrun then stops the peers.
+        # interpreter shutdown could wait on the process group; the launcher then stops the peers.
         os._exit(1)
     _write_json_atomic(result_path, payload)
     import torch.distributed as dist

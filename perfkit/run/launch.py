@@ -1,16 +1,23 @@
-"""Run a function on N ranks under torchrun and say how it ended.
+"""Run a function on N ranks and say how it ended.
 
-``launch("pkg.mod:fn", config, world_size=2, backend="gloo", timeout_s=60)`` starts
-``python -m torch.distributed.run ... -m perfkit.run._rank_entry`` (the interpreter's own torchrun: a
-bare ``torchrun`` need not be on a kernel's PATH). Every rank joins the process group with the
-given backend, calls ``fn(config)`` and writes its result, or its exception, to a file in a
-private temporary directory; its stdout and stderr go to a log file there too.
+``launch("pkg.mod:fn", config, world_size=2, backend="gloo", timeout_s=60)`` starts N processes
+``python -m perfkit.run._rank_entry JOB``. Every rank joins the process group with the given
+backend, calls ``fn(config)`` and writes its result, or its exception, to a file in a private
+temporary directory; its stdout and stderr go to a log file there too.
+
+On one node the launcher starts the ranks itself, as torchrun's agent would: the same worker
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of a TCPStore
+this process hosts on a port the kernel picked, ``TORCHELASTIC_USE_AGENT_STORE``, torchrun's
+``OMP_NUM_THREADS=1`` default), each rank in a session of its own, and every rank stopped once one
+has failed. torchrun in between cost each launch 1.5 s of CPU (its own ``import torch``) and 2 s of
+wall time, on every point of a scaling run or an OOM-edge search. Across nodes, or with an explicit
+``rdzv_endpoint``, ``python -m torch.distributed.run`` (the interpreter's own torchrun) runs its c10d
+rendezvous on each node.
 
 The launcher keeps its own deadline rather than trusting torchrun's: torchrun notices a rank that
-exits, but not one that hangs in a collective waiting for a peer, and its own teardown of the
-survivors can be slow. Workers are started by torchrun in sessions of their own, so killing
-torchrun's process group is not enough: torchrun gets a teardown token in its environment
-(:mod:`perfkit.run._teardown`), which it passes to the ranks and they to their children, and every
+exits, but not one that hangs in a collective waiting for a peer. Ranks lead sessions of their
+own, so killing one process group is not enough: the launch's processes get a teardown token in
+their environment (:mod:`perfkit.run._teardown`), which ranks pass to their children, and every
 holder of it is killed when the launch ends, however it ends (Ctrl-C in a notebook included).
 The launcher itself may die first (a kernel killed by a sweep's timeout, a JupyterLab kernel
 restart): each rank watches the launching process and, once it is gone, kills the launch's
@@ -38,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfkit.run import _teardown
+from perfkit.run.rendezvous import slurm_rendezvous  # re-exported: launch(..., **slurm_rendezvous())
 from perfkit.core import checks
 from perfkit.core.cpu_share import thread_env, with_threads
 from perfkit.core.errors import BadInputError
@@ -45,7 +53,7 @@ from perfkit.core.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
 __all__ = ["LaunchResult", "launch", "slurm_rendezvous"]
 
-#: How often the launcher looks at the ranks' result files and torchrun's exit status.
+#: How often the launcher looks at the ranks' result files and exit statuses.
 _POLL_S = 0.05
 #: After a rank has reported an error (or, across nodes, every rank its result), how long torchrun
 #: gets to stop the other ranks and exit before the launcher kills the tree itself.
@@ -76,7 +84,7 @@ class LaunchResult:
     rank_logs: tuple[str, ...]
     """Each local rank's captured stdout+stderr text (e.g. for ``NCCL_DEBUG=INFO`` parsing)."""
     wall_time_s: float
-    """Seconds from starting torchrun to the end of the launch, teardown included."""
+    """Seconds from starting the ranks (or torchrun) to the end of the launch, teardown included."""
 
     def __post_init__(self):
         checks.one_of("status", self.status, STATUSES)
@@ -168,16 +176,17 @@ def _exit_codes(torchrun_log: str) -> dict[int, tuple[int, int]]:
     return {int(m[2]): (int(m[1]), int(m[3])) for m in _FAILURE_BLOCK.finditer(torchrun_log)}
 
 
-def _silent_death(torchrun_log: str, reports, logs) -> tuple[str, int | None] | None:
+def _silent_death(codes: Mapping[int, tuple[int, int]], reports, logs, launcher_log: str) -> tuple[str, int | None] | None:
     """The rank that ended without a report (exit code or signal, log tail), if there is one.
 
-    torchrun sends SIGTERM to the survivors once one rank has failed, so a rank ended by SIGTERM
-    is taken as the cause only when no rank ended otherwise.
+    ``codes``: local rank -> (global rank, exit code) of the ranks that ended before the launch
+    stopped them (torchrun's failure summary, or the launcher's own wait). torchrun sends SIGTERM to
+    the survivors once one rank has failed, so a rank ended by SIGTERM is taken as the cause only
+    when no rank ended otherwise.
     """
     missing = [i for i, r in enumerate(reports) if r is None]
     if not missing:
         return None
-    codes = _exit_codes(torchrun_log)
     known = [i for i in missing if i in codes]
     primary = [i for i in known if codes[i][1] != -signal.SIGTERM]
     if primary or known:
@@ -186,8 +195,8 @@ def _silent_death(torchrun_log: str, reports, logs) -> tuple[str, int | None] | 
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     else:
         local_rank, rank = missing[0], None
-        how = "ended without a result (torchrun reported no exit code)"
-    tail = logs[local_rank][-_LOG_TAIL_CHARS:] or torchrun_log[-_LOG_TAIL_CHARS:]
+        how = "ended without a result (no exit code was reported)"
+    tail = logs[local_rank][-_LOG_TAIL_CHARS:] or launcher_log[-_LOG_TAIL_CHARS:]
     who = f"rank {rank}" if rank is not None else f"local rank {local_rank}"
     return f"{who} {how}; log tail:\n{tail}", rank
 
@@ -241,10 +250,11 @@ def launch(
     (``gloo`` on CPU, ``nccl`` on CUDA and ROCm) with the rank's device set (``cuda``:
     ``LOCAL_RANK``). ``env`` is added to the launched processes' environment only; without an
     ``OMP_NUM_THREADS`` in it, this process's thread share is split over the local ranks
-    (:func:`_rank_threads`); with one, it sets every thread variable (:func:`_child_env`). One node uses
-    torchrun's ``--standalone`` rendezvous unless ``rdzv_endpoint`` is given (required with
-    several nodes; every node calls ``launch`` with its ``node_rank``). The launch ends within
-    ``timeout_s`` plus a few seconds of teardown whatever the ranks do.
+    (:func:`_rank_threads`); with one, it sets every thread variable (:func:`_child_env`). One node
+    starts its ranks directly (module docstring) unless ``rdzv_endpoint`` is given (required with
+    several nodes; every node calls ``launch`` with its ``node_rank``), which runs torchrun's c10d
+    rendezvous. The launch ends within ``timeout_s`` plus a few seconds of teardown whatever the
+    ranks do.
     """
     _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env)
     config_text = json.dumps(config)  # bad config is the caller's error, before anything starts
@@ -263,17 +273,38 @@ def launch(
                 "launcher_pid": os.getpid(), "launcher_start": _teardown.start_time(os.getpid()),
                 "token": token,
             }))
-        command = _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint)
-        done_grace_s = _DONE_GRACE_S if nnodes == 1 else _TEARDOWN_GRACE_S
-        return _supervise(command, child_env, token, work_dir, nproc, timeout_s, done_grace_s)
+        start = time.monotonic()
+        if rdzv_endpoint:
+            command = _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoint)
+            done_grace_s = _DONE_GRACE_S if nnodes == 1 else _TEARDOWN_GRACE_S
+            timed_out, codes, launcher_log = _supervise_torchrun(command, child_env, token, work_dir, nproc,
+                                                                 timeout_s, done_grace_s)
+        else:
+            timed_out, codes, launcher_log = _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s)
+        return _outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, time.monotonic() - start)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def _supervise(command, child_env, token, work_dir, nproc, timeout_s, done_grace_s) -> LaunchResult:
+def _end(token: str, procs: list[subprocess.Popen]) -> None:
+    """Kill every process of the launch (its token's holders) and reap the ones started here."""
+    left = _teardown.reap(token)
+    for proc in procs:
+        try:
+            proc.kill()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if left:
+        print(f"perfkit.run.launch: processes {left} of this launch survived SIGKILL (uninterruptible?)",
+              file=sys.stderr)
+
+
+def _supervise_torchrun(command, child_env, token, work_dir, nproc, timeout_s, done_grace_s):
+    """torchrun until its ranks have reported and it exited, or the deadline: (timed out, exit
+    codes from its failure summary, its log)."""
     torchrun_log_path = os.path.join(work_dir, "torchrun.log")
-    start = time.monotonic()
-    deadline = start + timeout_s
+    deadline = time.monotonic() + timeout_s
     with open(torchrun_log_path, "wb") as log:
         proc = subprocess.Popen(command, env=child_env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -295,20 +326,85 @@ def _supervise(command, child_env, token, work_dir, nproc, timeout_s, done_grace
     finally:
         # Also on KeyboardInterrupt (Ctrl-C in a notebook): torchrun, the ranks and whatever they
         # started hold the launch's token; none of them outlives the launch.
-        left = _teardown.reap(token)
-        try:
-            proc.kill()
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        if left:
-            print(f"perfkit.run.launch: processes {left} of this launch survived SIGKILL (uninterruptible?)",
-                  file=sys.stderr)
+        _end(token, [proc])
+    torchrun_log = _read_text(torchrun_log_path)
+    return timed_out, _exit_codes(torchrun_log), torchrun_log
+
+
+def _host_store(nproc: int, timeout_s: float):
+    """A TCPStore for the ranks to meet at, hosted here on a free loopback port (the port is bound
+    by the store itself: two launches at once never race for one), as torchrun's agent hosts its
+    own. ``import torch`` is free in a kernel that measures, which already holds it."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world_size=nproc, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=max(1.0, timeout_s)))
+
+
+def _worker_env(base: Mapping[str, str], local_rank: int, nproc: int, port: int, run_id: str) -> dict:
+    """What torchrun's agent gives local rank ``local_rank`` of a one-node launch
+    (torch/distributed/elastic/agent/server/local_elastic_agent.py, torch 2.13), with the store
+    this process hosts: ranks see no difference."""
+    worker = dict(base)
+    if nproc > 1 and "OMP_NUM_THREADS" not in worker:
+        worker["OMP_NUM_THREADS"] = "1"  # torchrun's default when the variable is unset
+    worker.update({
+        "RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "GROUP_RANK": "0", "ROLE_RANK": str(local_rank),
+        "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": worker.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    })
+    return worker
+
+
+def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
+    """The ranks of one node, started here, until each has exited, one has failed (the others are
+    stopped at once, as torchrun stops them), or the deadline: (timed out, exit codes of the ranks
+    that ended on their own, the output they printed before redirecting it)."""
+    store = _host_store(nproc, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    launcher_log_path = os.path.join(work_dir, "launcher.log")
+    command = [sys.executable, "-m", "perfkit.run._rank_entry", job_path]
+    run_id = os.path.basename(work_dir)
+    procs: list[subprocess.Popen] = []
+    codes: dict[int, tuple[int, int]] = {}
+    timed_out = False
+    settle_by = None  # every rank has reported: the ranks get until then to leave the group
+    try:
+        with open(launcher_log_path, "wb") as log:
+            for local_rank in range(nproc):
+                procs.append(subprocess.Popen(command, env=_worker_env(child_env, local_rank, nproc, store.port, run_id),
+                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+        while len(codes) < nproc:
+            for local_rank, proc in enumerate(procs):
+                if local_rank not in codes and proc.poll() is not None:
+                    codes[local_rank] = (local_rank, proc.returncode)
+            reports = _reports(work_dir, nproc)
+            if any(r is not None and not r.get("ok") for r in reports) or any(
+                    code != 0 for _, code in codes.values()):
+                break
+            now = time.monotonic()
+            if settle_by is None and all(r is not None for r in reports):
+                settle_by = min(now + _DONE_GRACE_S, deadline)
+            if now >= (settle_by if settle_by is not None else deadline):
+                timed_out = settle_by is None
+                break
+            time.sleep(_POLL_S)
+    finally:
+        _end(token, procs)  # also on KeyboardInterrupt: no rank outlives the launch
+        del store
+    return timed_out, codes, _read_text(launcher_log_path)
+
+
+def _outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, wall_time_s) -> LaunchResult:
     reports = _reports(work_dir, nproc)
     results = tuple(r["result"] if r and r.get("ok") else None for r in reports)
     logs = tuple(_read_text(os.path.join(work_dir, f"local{i}.log")) for i in range(nproc))
-    torchrun_log = _read_text(torchrun_log_path)
-    wall_time_s = time.monotonic() - start
 
     def result(status, error=None, failed_rank=None):
         return LaunchResult(status=status, rank_results=results, error=error,
@@ -327,49 +423,9 @@ def _supervise(command, child_env, token, work_dir, nproc, timeout_s, done_grace
         waiting = [i for i, r in enumerate(reports) if r is None]
         return result(TIMEOUT, f"no result within {timeout_s:g} s from local ranks {waiting}; "
                                f"the process tree was killed")
-    death = _silent_death(torchrun_log, reports, logs)
+    death = _silent_death(codes, reports, logs, launcher_log)
     if death is not None:
         return result(KILLED, *death)
     peer = _earliest(errors)
     return result(status_for_error(peer["error_name"], peer["message"]), _format_error(peer),
                   peer["rank"])
-
-
-def _expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compact host list (``gpu[01-03,07],login1``) → host names, as scontrol would."""
-    hosts, depth, token = [], 0, ""
-    for ch in nodelist + ",":
-        if ch == "," and depth == 0:
-            match = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", token)
-            if match:
-                prefix, ranges, suffix = match.groups()
-                for part in ranges.split(","):
-                    lo, _, hi = part.partition("-")
-                    for i in range(int(lo), int(hi or lo) + 1):
-                        hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
-            elif token:
-                hosts.append(token)
-            token = ""
-            continue
-        depth += ch == "["
-        depth -= ch == "]"
-        token += ch
-    return hosts
-
-
-def slurm_rendezvous(port: int = 29500, environ: Mapping[str, str] | None = None) -> dict:
-    """``nnodes``, ``node_rank`` and ``rdzv_endpoint`` for :func:`launch` inside a Slurm allocation.
-
-    The sbatch shape is one task per node (``--nodes=N --ntasks-per-node=1``), each task running
-    ``launch(..., **slurm_rendezvous())`` with ``world_size = N × GPUs per node``; torchrun's c10d
-    rendezvous meets on the allocation's first node (``SLURM_JOB_NODELIST``)."""
-    env = os.environ if environ is None else environ
-    try:
-        nnodes, node_rank, nodelist = int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"]), env["SLURM_JOB_NODELIST"]
-    except KeyError as missing:
-        raise BadInputError(f"not inside a Slurm allocation ({missing.args[0]} is unset); "
-                            "pass nnodes, node_rank and rdzv_endpoint yourself") from None
-    hosts = _expand_nodelist(nodelist)
-    if not hosts:
-        raise BadInputError(f"cannot read SLURM_JOB_NODELIST={nodelist!r}")
-    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": f"{hosts[0]}:{port}"}
