@@ -74,6 +74,22 @@ def signal_on_rank1_target(config: dict) -> dict:
     return {}
 
 
+class DistBackendError(RuntimeError):
+    """Named as torch's: what a rank raises when a peer is gone (a consequence, not a cause)."""
+
+
+def peer_reports_before_the_dead_rank_is_seen_target(config: dict) -> dict:
+    """The order a loaded host produces: rank 0 reports "connection closed" before rank 1's death
+    can be seen (a dying process's socket closes before it can be reaped)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(0.3)
+        print("rank 1 leaving late", flush=True)
+        os._exit(3)
+    raise DistBackendError("Connection closed by peer [127.0.0.1]:4242")
+
+
 def hang_on_rank1_target(config: dict) -> dict:
     import torch
     import torch.distributed as dist
@@ -141,7 +157,8 @@ def test_raising_rank_fails_with_its_traceback_and_rank():
 @pytest.mark.parametrize(
     "target, how, said",
     [("exit_on_rank1_target", "exit code 3", "rank 1 leaving early"),
-     ("signal_on_rank1_target", "signal SIGKILL", "rank 1 about to die")],
+     ("signal_on_rank1_target", "signal SIGKILL", "rank 1 about to die"),
+     ("peer_reports_before_the_dead_rank_is_seen_target", "exit code 3", "rank 1 leaving late")],
 )
 def test_rank_ending_early_is_killed_with_exit_code_and_log_tail(target, how, said):
     # Rank 0 then fails with "connection closed by peer": the dead rank is still the cause.

@@ -63,6 +63,11 @@ _TEARDOWN_GRACE_S = 10.0
 #: complete, its log line-buffered), and torchrun's own shutdown (exit barrier, rendezvous store)
 #: took 2-3 s of every launch's 8-11 s (a no-op target on 2 ranks, load ~3).
 _DONE_GRACE_S = 1.0
+#: On one node, once a rank has failed: how long the others get to end on their own before they are
+#: killed. A rank that died is seen dead here a moment after its peers read its closed socket (a
+#: process's files close before its parent can reap it): its exit code, the cause, is kept only if
+#: it ends within this, and a peer's "connection closed" report must not stand in for it.
+_PEERS_GRACE_S = 1.0
 #: Characters of a rank's log kept in an error message.
 _LOG_TAIL_CHARS = 4000
 
@@ -363,7 +368,7 @@ def _worker_env(base: Mapping[str, str], local_rank: int, nproc: int, port: int,
 
 def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
     """The ranks of one node, started here, until each has exited, one has failed (the others are
-    stopped at once, as torchrun stops them), or the deadline: (timed out, exit codes of the ranks
+    stopped within :data:`_PEERS_GRACE_S`, as torchrun stops them), or the deadline: (timed out, exit codes of the ranks
     that ended on their own, the output they printed before redirecting it)."""
     store = _host_store(nproc, timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -372,8 +377,8 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
     run_id = os.path.basename(work_dir)
     procs: list[subprocess.Popen] = []
     codes: dict[int, tuple[int, int]] = {}
-    timed_out = False
-    settle_by = None  # every rank has reported: the ranks get until then to leave the group
+    timed_out = failed = False
+    settle_by = None  # once the outcome is known: the ranks get until then to end on their own
     try:
         with open(launcher_log_path, "wb") as log:
             for local_rank in range(nproc):
@@ -384,13 +389,14 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
             for local_rank, proc in enumerate(procs):
                 if local_rank not in codes and proc.poll() is not None:
                     codes[local_rank] = (local_rank, proc.returncode)
-            reports = _reports(work_dir, nproc)
-            if any(r is not None and not r.get("ok") for r in reports) or any(
-                    code != 0 for _, code in codes.values()):
-                break
             now = time.monotonic()
-            if settle_by is None and all(r is not None for r in reports):
-                settle_by = min(now + _DONE_GRACE_S, deadline)
+            if not failed:
+                reports = _reports(work_dir, nproc)
+                if any(r is not None and not r.get("ok") for r in reports) or any(
+                        code != 0 for _, code in codes.values()):
+                    failed, settle_by = True, min(now + _PEERS_GRACE_S, deadline)
+                elif settle_by is None and all(r is not None for r in reports):
+                    settle_by = min(now + _DONE_GRACE_S, deadline)
             if now >= (settle_by if settle_by is not None else deadline):
                 timed_out = settle_by is None
                 break
