@@ -305,6 +305,17 @@ def _end(token: str, procs: list[subprocess.Popen]) -> None:
               file=sys.stderr)
 
 
+def _settle_by(work_dir, nproc, now, deadline, failure_grace_s, done_grace_s, died=False) -> float | None:
+    """When the launch ends once its outcome is known: a rank failed (an error reported, or ``died``
+    without one) or every rank reported; None while neither is true."""
+    reports = _reports(work_dir, nproc)
+    if died or any(r is not None and not r.get("ok") for r in reports):
+        return min(now + failure_grace_s, deadline)
+    if all(r is not None for r in reports):
+        return min(now + done_grace_s, deadline)
+    return None
+
+
 def _supervise_torchrun(command, child_env, token, work_dir, nproc, timeout_s, done_grace_s):
     """torchrun until its ranks have reported and it exited, or the deadline: (timed out, exit
     codes from its failure summary, its log)."""
@@ -319,11 +330,7 @@ def _supervise_torchrun(command, child_env, token, work_dir, nproc, timeout_s, d
         while proc.poll() is None:
             now = time.monotonic()
             if settle_by is None:
-                reports = _reports(work_dir, nproc)
-                if any(r is not None and not r.get("ok") for r in reports):
-                    settle_by = min(now + _TEARDOWN_GRACE_S, deadline)
-                elif all(r is not None for r in reports):
-                    settle_by = min(now + done_grace_s, deadline)
+                settle_by = _settle_by(work_dir, nproc, now, deadline, _TEARDOWN_GRACE_S, done_grace_s)
             if now >= (settle_by if settle_by is not None else deadline):
                 timed_out = settle_by is None
                 break
@@ -377,7 +384,7 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
     run_id = os.path.basename(work_dir)
     procs: list[subprocess.Popen] = []
     codes: dict[int, tuple[int, int]] = {}
-    timed_out = failed = False
+    timed_out = False
     settle_by = None  # once the outcome is known: the ranks get until then to end on their own
     try:
         with open(launcher_log_path, "wb") as log:
@@ -390,13 +397,9 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
                 if local_rank not in codes and proc.poll() is not None:
                     codes[local_rank] = (local_rank, proc.returncode)
             now = time.monotonic()
-            if not failed:
-                reports = _reports(work_dir, nproc)
-                if any(r is not None and not r.get("ok") for r in reports) or any(
-                        code != 0 for _, code in codes.values()):
-                    failed, settle_by = True, min(now + _PEERS_GRACE_S, deadline)
-                elif settle_by is None and all(r is not None for r in reports):
-                    settle_by = min(now + _DONE_GRACE_S, deadline)
+            if settle_by is None:
+                settle_by = _settle_by(work_dir, nproc, now, deadline, _PEERS_GRACE_S, _DONE_GRACE_S,
+                                       died=any(code != 0 for _, code in codes.values()))
             if now >= (settle_by if settle_by is not None else deadline):
                 timed_out = settle_by is None
                 break
