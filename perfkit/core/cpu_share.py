@@ -157,7 +157,7 @@ def threads_from_env(environ: Mapping[str, str]) -> int | None:
     """The intra-op threads torch starts with in a process of environment ``environ``:
     ``OMP_NUM_THREADS``, else ``MKL_NUM_THREADS`` (torch 2.13 honours either), else None (the
     affinity mask's CPUs)."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for name in THREAD_VARIABLES:
         value = environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)

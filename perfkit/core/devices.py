@@ -92,8 +92,8 @@ def torch_build() -> TorchBuild:
 
 
 def _gpu_visible() -> bool:
-    """A CUDA/ROCm device is visible: never on a CPU-only build (no torch import needed), else torch's
-    answer."""
+    """A CUDA/ROCm device is visible: torch's answer where torch is loaded (it has the last word,
+    mocks included), and never on a CPU-only build that no one has imported yet."""
     if "torch" not in sys.modules and not torch_build().gpu:
         return False
     import torch

@@ -163,14 +163,11 @@ def _dynamic(cwd: str | Path | None, process: Described | None = None) -> dict:
     """The facts that can change while a process runs: this one's, or ``process``'s."""
     from .cpu_share import threads_from_env
 
-    if process is None:
-        facts = _git(Path(cwd) if cwd else Path.cwd())
-        facts.update(_cpu_share_facts())
-        facts["env_vars"] = _perf_env(os.environ)
-    else:
-        facts = _git(Path(process.cwd))
-        facts.update(_cpu_share_facts(threads_from_env(process.environ)))
-        facts["env_vars"] = _perf_env(process.environ)
+    if process is not None:
+        cwd = process.cwd
+    facts = _git(Path(cwd) if cwd else Path.cwd())
+    facts.update(_cpu_share_facts(threads_from_env(process.environ) if process is not None else None))
+    facts["env_vars"] = _perf_env(process.environ if process is not None else os.environ)
     facts["argv0"] = Path(sys.executable).name
     return facts
 
