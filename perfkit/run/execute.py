@@ -105,7 +105,6 @@ class WarmKernel:
         )
         self._kc = None  # this kernel's client (see client()) and the thread it belongs to
         self._kc_thread: int | None = None
-        self.env_overrides = dict(env or {})
         kernel_env = dict(os.environ)
         kernel_env.pop(CONTEXT_ENV, None)
         kernel_env.update(env or {})
@@ -113,6 +112,7 @@ class WarmKernel:
         # One kernel, one configuration: the token marks every process the configuration starts.
         self.token = _teardown.new_token()
         kernel_env[self.token] = "1"
+        self.environ = kernel_env  # what the kernel runs with, as its rows' fingerprints say
         self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
         try:
             self._prepare(background, preload)
@@ -411,8 +411,9 @@ def execute_config(
             reason = f"{error_name}: {message}" if error_name else message
             if cell is not None:
                 reason = f"{reason} (cell {cell})"
-        kernel_vars = kernel.env_overrides if kernel is not None else (env or {})
-        record_ending(ctx, status, reason, environ={**os.environ, **kernel_vars}, cwd=notebook.resolve().parent)
+        # Described as its kernel ran (thread share, variables; set_context's cwd), not as this engine runs.
+        environ = kernel.environ if kernel is not None else {**os.environ, **(env or {})}
+        record_ending(ctx, status, reason, environ=environ, cwd=notebook.resolve().parent)
     return Outcome(config_id=config_id, status=status, error_name=error_name, message=message,
                    cell=cell, output_notebook=output_notebook, results_path=results_path,
                    started_at=started, duration_s=duration)
