@@ -171,21 +171,24 @@ def coverage(ops: pd.DataFrame | Iterable[Mapping]) -> CoverageReport:
     missing = {"op", "time_s", "counted"} - present
     if missing:
         raise BadInputError(f"coverage needs a count_ops frame; missing columns {sorted(missing)}")
-    total = math.fsum(float(r["time_s"]) for r in records)
-    share = (lambda t: t / total) if total > 0 else (lambda t: math.nan)
-    groups: dict[str, list] = {}  # op -> [calls, time_s], in first-call order
+    total = counted_time = 0.0
+    counted_calls = 0
+    groups: dict[str, list] = {}  # uncounted op -> [calls, time_s], in first-call order
     for r in records:
-        if not bool(r["counted"]):
+        time_s = float(r["time_s"])
+        total += time_s
+        if bool(r["counted"]):
+            counted_calls, counted_time = counted_calls + 1, counted_time + time_s
+        else:
             group = groups.setdefault(str(r["op"]), [0, 0.0])
-            group[0] += 1
-            group[1] += float(r["time_s"])
+            group[0], group[1] = group[0] + 1, group[1] + time_s
+    share = (lambda t: t / total) if total > 0 else (lambda t: math.nan)
     ranked = sorted(groups.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))  # most time, then most calls
-    counted = [r for r in records if bool(r["counted"])]
     return CoverageReport(
         uncounted=tuple(UncountedOp(op=op, calls=calls, time_s=time_s, time_share=share(time_s))
                         for op, (calls, time_s) in ranked),
-        counted_time_share=share(math.fsum(float(r["time_s"]) for r in counted)),
-        counted_calls=len(counted), total_calls=len(records), total_time_s=total)
+        counted_time_share=share(counted_time), counted_calls=counted_calls, total_calls=len(records),
+        total_time_s=total)
 
 
 from perfkit.measuring.ops.profiling import profile_op_times  # noqa: E402,F401 - re-exported: counts and times go together
