@@ -273,9 +273,11 @@ def test_one_node_ranks_see_what_torchrun_gives_them_and_an_explicit_endpoint_ru
     # Who started the ranks: torchrun for the endpoint, this very process otherwise.
     assert all("torch.distributed.run" in r["parent_cmdline"] for r in via_torchrun.rank_results)
     assert [r["parent_pid"] for r in direct.rank_results] == [os.getpid()] * 2
+    def lasting(env: dict) -> dict:
+        return {k: v for k, v in env.items() if k not in PER_LAUNCH}
+
     for torchrun_rank, direct_rank in zip(via_torchrun.rank_results, direct.rank_results):
-        same = lambda env: {k: v for k, v in env.items() if k not in PER_LAUNCH}  # noqa: E731
-        assert same(direct_rank["env"]) == same(torchrun_rank["env"])
+        assert lasting(direct_rank["env"]) == lasting(torchrun_rank["env"])
         assert direct_rank["env"]["MASTER_PORT"] and direct_rank["env"]["MASTER_PORT"] != str(port)
 
 

@@ -7,7 +7,7 @@ temporary directory; its stdout and stderr go to a log file there too.
 
 On one node the launcher starts the ranks itself, as torchrun's agent would: the same worker
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of a TCPStore
-this process hosts on a port the kernel picked, ``TORCHELASTIC_USE_AGENT_STORE``, torchrun's
+this process hosts on a port it bound itself, ``TORCHELASTIC_USE_AGENT_STORE``, torchrun's
 ``OMP_NUM_THREADS=1`` default), each rank in a session of its own, and every rank stopped once one
 has failed. torchrun in between cost each launch 1.5 s of CPU (its own ``import torch``) and 2 s of
 wall time, on every point of a scaling run or an OOM-edge search. Across nodes, or with an explicit
@@ -375,8 +375,8 @@ def _worker_env(base: Mapping[str, str], local_rank: int, nproc: int, port: int,
 
 def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
     """The ranks of one node, started here, until each has exited, one has failed (the others are
-    stopped within :data:`_PEERS_GRACE_S`, as torchrun stops them), or the deadline: (timed out, exit codes of the ranks
-    that ended on their own, the output they printed before redirecting it)."""
+    stopped within :data:`_PEERS_GRACE_S`, as torchrun stops them), or the deadline: (timed out,
+    exit codes of the ranks that ended on their own, what they printed before redirecting it)."""
     store = _host_store(nproc, timeout_s)
     deadline = time.monotonic() + timeout_s
     launcher_log_path = os.path.join(work_dir, "launcher.log")
