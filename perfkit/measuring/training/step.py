@@ -168,17 +168,13 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     # cfg.precision is tf32; on ROCm tf32 also sets HIPBLASLT_ALLOW_TF32 for the run.
     with precision.math_mode(cfg.precision), profiler:
         for step in range(cfg.steps):
-            # The clock starts and stops inside the trace's data-wait span, so the row's data time
-            # and the trace's bracket the same work (a thread preempted between the two, on a loaded
-            # host, put 32 ms into one and not the other).
+            t_data = time.perf_counter()
             with trace_capture.data_wait_span():
-                t_data = time.perf_counter()
                 inputs, target = _batch(cfg, work, step, ctx, device)
                 if cfg.data_delay_s:
                     time.sleep(cfg.data_delay_s)
-                data_elapsed_s = time.perf_counter() - t_data
             if step >= cfg.warmup_steps:
-                data_s.append(data_elapsed_s)
+                data_s.append(time.perf_counter() - t_data)
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
             synchronize(device)
             t0 = time.perf_counter()
