@@ -114,14 +114,15 @@ def peak_flop_per_s(*, device_kind: str, device_name: str, precision: str, devic
                 source=row.source, reason=None)
 
 
-def flop_convention(model: str) -> str:
-    """How a workload's analytic FLOP per step are counted."""
-    return _FLOP_CONVENTIONS.get(model, "unknown")
+def flop_convention(model: str, own: str | None = None) -> str:
+    """How a workload's analytic FLOP per step are counted: perfkit's rule for its own models,
+    ``own`` (the workload's, e.g. a Hugging Face family's 6N rule) for the others."""
+    return _FLOP_CONVENTIONS.get(model) or own or "unknown"
 
 
-def mfu_convention(model: str, peak: Peak) -> str:
+def mfu_convention(model: str, peak: Peak, own: str | None = None) -> str:
     """The text of the ``mfu_convention`` column: FLOP rule; peak."""
-    return f"{flop_convention(model)}; recompute not counted; peak = {peak.description}"
+    return f"{flop_convention(model, own)}; recompute not counted; peak = {peak.description}"
 
 
 def utilisation(flop_per_step: float, step_time_s: float, peak: Peak) -> float:

@@ -105,8 +105,11 @@ def _check_target(nb: dict, path: Path) -> str | None:
 
 
 def _run_check(spec: NotebookSpec, params: Mapping[str, object]) -> None:
-    """Call the notebook's value check (:attr:`NotebookSpec.check`) on its full parameter set."""
+    """Call the notebook's value check (:attr:`NotebookSpec.check`) on its full parameter set,
+    from the notebook's folder: its kernel runs there, so a relative path among the parameters
+    (a user model's ``model_path``) means the same thing to the check as to the kernel."""
     import importlib
+    import os
 
     module, _, function = spec.check.partition(":")
     try:
@@ -115,13 +118,17 @@ def _run_check(spec: NotebookSpec, params: Mapping[str, object]) -> None:
         raise BadInputError(f"{spec.path}: its value check {spec.check!r} cannot be loaded ({exc}); "
                             "fix the notebook's metadata perfkit.check") from None
     values = {name: p.default for name, p in spec.parameters.items()} | dict(params)
+    here = os.getcwd()
     try:
+        os.chdir(spec.path.resolve().parent)
         check(values)
     except BadInputError as exc:
         raise BadInputError(f"{spec.path.name} {json.dumps(dict(params), default=str)}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise BadInputError(f"{spec.path.name} {json.dumps(dict(params), default=str)}: "
                             f"{type(exc).__name__}: {exc}") from None
+    finally:
+        os.chdir(here)
 
 
 def _imports(source: str) -> list[str]:

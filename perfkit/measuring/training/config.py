@@ -19,9 +19,11 @@ from perfkit.core import checks, precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.measuring.training import parallel
 from perfkit.measuring.training import pipeline_stages
+from perfkit.measuring.workloads import catalog
 from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.workloads.user import UserModelSpec
 
-__all__ = ["TrainConfig", "check_params", "compute_dtype_of", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
+__all__ = ["TrainConfig", "user_model_skip_reason", "check_params", "compute_dtype_of", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp8")
 #: Precisions of the pipeline step (autocast around each stage's forward, no GradScaler).
@@ -37,12 +39,17 @@ class TrainConfig:
     """One training-step configuration. Every field becomes a column of the results row."""
 
     model: str = "mlp"
-    """``mlp``, ``transformer`` or ``convnet`` (:mod:`perfkit.measuring.workloads.synthetic`)."""
+    """perfkit's ``mlp``, ``transformer`` or ``convnet`` (:mod:`perfkit.measuring.workloads.synthetic`),
+    a user's entry point ``package.module:function``, ``hf:<model_type>`` (transformers, random
+    weights) or ``torchvision:<name>`` (:mod:`perfkit.measuring.workloads.catalog`)."""
+    model_path: str | None = None
+    """A folder put first on ``sys.path`` before an entry point is imported (None: ``PYTHONPATH``)."""
     model_size: Mapping[str, object] = field(default_factory=dict)
     """Size fields of the workload's config (:class:`~perfkit.measuring.workloads.synthetic.TransformerConfig`:
     ``n_layers``, ``d_model``, ``n_heads``, ``vocab_size``, ...; :class:`~perfkit.measuring.workloads.synthetic.MLPConfig`:
-    ``in_features``, ``hidden_features``, ``depth``, ...); unset fields keep the workload's
-    defaults. ``seq_len`` and ``seed`` come from this config."""
+    ``in_features``, ``hidden_features``, ``depth``, ...; a Hugging Face config's fields; an entry
+    point's keyword arguments); unset fields keep the workload's defaults. ``seq_len`` and
+    ``seed`` come from this config."""
     batch_size: int = 32
     """Global batch in samples (sequences for the transformer), split across data-parallel ranks."""
     seq_len: int = 32
@@ -129,7 +136,7 @@ class TrainConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "model_size", dict(self.model_size))
-        checks.one_of("model", self.model, workloads.NAMES)
+        catalog.family_of(self.model)  # a name of one of the families, or BadInputError
         checks.one_of("precision", self.precision, PRECISIONS)
         checks.one_of("parallelism", self.parallelism, parallel.PARALLELISMS)
         checks.one_of("device", self.device, ("auto", "cpu", "cuda"))
@@ -168,7 +175,8 @@ class TrainConfig:
         elif self.stage_delay_s:
             raise BadInputError("stage_delay_s applies to parallelism 'pp' only")
         spec = workload_spec(self)  # unknown or bad size names fail here, before any work
-        if self.parallelism in ("tp", "fsdp_tp"):
+        catalog.check(spec)  # a user's model: imports, builds (on the meta device), has what it needs
+        if self.parallelism in ("tp", "fsdp_tp") and not isinstance(spec, UserModelSpec):
             _check_tp(spec, self.tp_size)
 
     @property
@@ -290,13 +298,32 @@ def check_params(params: Mapping[str, object]) -> None:
     TrainConfig(**{k: v for k, v in params.items() if k in names})
 
 
-def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec:
-    """The :mod:`perfkit.measuring.workloads.synthetic` config ``cfg`` trains: ``model_size`` over the workload's
-    defaults, with the config's ``seed`` (and ``seq_len`` for the transformer)."""
-    size = {**cfg.model_size, "seed": cfg.seed}
-    if cfg.model == "transformer":
-        size["seq_len"] = cfg.seq_len
-    return workloads.make_spec(cfg.model, **size)
+def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec | UserModelSpec:
+    """The spec of the workload ``cfg`` trains (:func:`perfkit.measuring.workloads.catalog.make`):
+    ``model_size`` over the workload's defaults, with the config's ``seed`` and ``seq_len`` (the
+    transformer's, a text model's)."""
+    return catalog.make(cfg.model, cfg.model_size, seed=cfg.seed, seq_len=cfg.seq_len,
+                        model_path=cfg.model_path)
+
+
+def user_model_skip_reason(cfg: TrainConfig, spec: UserModelSpec) -> str | None:
+    """Why a user's model cannot take ``cfg``'s settings (decided from the model built on the
+    meta device, before any rank starts), or None."""
+    work = catalog.build(spec, device="meta")
+    if cfg.parallelism == "pp":
+        return (f"pp on {spec.name}: pipeline stages of a user's model are not supported yet "
+                "(perfkit's mlp, transformer and convnet split into stages)")
+    if cfg.parallelism in ("tp", "fsdp_tp"):
+        if not work.tp_plan:
+            return f"{spec.name} has no tensor-parallel plan (an entry point's tp_plan, a Hugging Face family's _tp_plan)"
+        config = getattr(work.model, "config", None)
+        for field_name in ("num_attention_heads", "num_key_value_heads"):
+            heads = getattr(config, field_name, None)
+            if heads is not None and heads % cfg.tp_size:
+                return f"tensor parallel over {cfg.tp_size} ranks needs {field_name} divisible by it, got {heads}"
+    if cfg.activation_checkpointing and not work.block_names:
+        return f"activation checkpointing wraps the model's blocks, and {spec.name} names none"
+    return None
 
 
 def _check_tp(spec, world_size: int) -> None:
@@ -364,6 +391,9 @@ def check_supported(cfg: TrainConfig) -> None:
             raise ConfigurationSkipped("fp8 training needs torchao (torchao.float8)") from None
     if cfg.parallelism in ("ddp", "zero1"):
         parallel.check_comm_hook(cfg.comm_hook, "nccl" if device == "cuda" else "gloo")
+    spec = workload_spec(cfg)
+    if isinstance(spec, UserModelSpec) and (reason := user_model_skip_reason(cfg, spec)):
+        raise ConfigurationSkipped(reason)
     if cfg.parallelism == "pp" and (reason := pipeline_stages.skip_reason(
             cfg, blocks=pipeline_stages.n_blocks(workload_spec(cfg)), device=device)):
         raise ConfigurationSkipped(reason)

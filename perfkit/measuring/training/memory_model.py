@@ -19,7 +19,7 @@ ZeRO-2 the gradients too, ZeRO-3 (``zero3``, ``fsdp``, ``fsdp_tp``) the paramete
 prediction is of the exact shards, not Ψ/N: FSDP2 gives rank 0 ``ceil(dim0/N)`` rows of every
 parameter (the most of any rank), ZeroRedundancyOptimizer assigns whole parameters, largest
 first, to the least-loaded rank (torch's ``_partition_parameters``), and tensor parallel first
-splits the planned projections (``model.tp_plan()``). What is predicted is what each rank holds
+splits the planned projections (the workload's ``tp_plan``). What is predicted is what each rank holds
 **between steps**. FSDP2 (``zero2``, ``zero3``, ``fsdp``) keeps sharded parameters at rest even
 in ZeRO-2 and gathers them during the step: ``param_gather_bytes`` is that transient (zero2:
 every block's unsharded parameters from its forward to its backward; zero3: two blocks', the
@@ -138,11 +138,13 @@ def predict_model_state(param_shapes: Sequence[Sequence[int]], *, precision: str
         param_gather_bytes=(gather_bytes or p_bytes) * gather)
 
 
-def local_param_shapes(model: nn.Module, tp_size: int) -> list[tuple[int, ...]]:
+def local_param_shapes(model: nn.Module, tp_size: int, plan=None) -> list[tuple[int, ...]]:
     """Each parameter's shape on one rank after tensor parallel over ``tp_size`` ranks with
-    ``model.tp_plan()``: colwise splits weight and bias by output features (dim 0), rowwise the
-    weight by input features (dim 1) and keeps the bias whole."""
-    plan = model.tp_plan() if tp_size > 1 else {}
+    ``plan`` (default ``model.tp_plan()``): colwise splits weight and bias by output features
+    (dim 0), rowwise the weight by input features (dim 1) and keeps the bias whole."""
+    if tp_size > 1 and plan is None:
+        plan = model.tp_plan()
+    plan = {k: v for k, v in (plan or {}).items() if isinstance(v, str)} if tp_size > 1 else {}
     shapes = []
     for name, p in model.named_parameters():
         shape = list(p.shape)
@@ -155,11 +157,15 @@ def local_param_shapes(model: nn.Module, tp_size: int) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _meta_model(spec) -> nn.Module:
-    from perfkit.measuring.workloads.models import GPT, MLP, ConvNet
+def _meta_workload(spec):
+    """The workload of ``spec`` on the meta device: shapes, blocks and plan, no memory, no init."""
+    from perfkit.measuring.workloads import catalog
 
-    with torch.device("meta"):
-        return {"mlp": MLP, "transformer": GPT, "convnet": ConvNet}[spec.name](spec)
+    return catalog.build(spec, device="meta")
+
+
+def _meta_model(spec) -> nn.Module:
+    return _meta_workload(spec).model
 
 
 def predict_for_config(cfg) -> ModelState:
@@ -167,17 +173,17 @@ def predict_for_config(cfg) -> ModelState:
     (its model built on the meta device: no memory, no init)."""
     from perfkit.measuring.training.config import workload_spec
 
-    model = _meta_model(workload_spec(cfg))
+    work = _meta_workload(workload_spec(cfg))
+    model = work.model
     if cfg.parallelism == "pp":
         return max((predict_model_state(shapes, precision=cfg.precision, parallelism="pp", dp_size=1)
                     for shapes in _pipeline_rank_shapes(cfg, model)), key=lambda m: m.total_bytes)
-    blocks = [local_param_shapes(b, 1) for b in getattr(model, "blocks", ())]
-    if cfg.tp_size > 1:  # block shapes after TP: the same plan, prefixed per block
-        shapes = dict(zip((n for n, _ in model.named_parameters()), local_param_shapes(model, cfg.tp_size)))
-        blocks = [[shapes[f"blocks.{i}.{n}"] for n, _ in b.named_parameters()]
-                  for i, b in enumerate(model.blocks)]
-    local = dict(zip((n for n, _ in model.named_parameters()), local_param_shapes(model, cfg.tp_size)))
-    root = [shape for name, shape in local.items() if not name.startswith("blocks.")]
+    local = dict(zip((n for n, _ in model.named_parameters()),
+                     local_param_shapes(model, cfg.tp_size, work.tp_plan)))
+    # Block shapes after TP: the same plan, by each block's prefix.
+    prefixes = [f"{name}." for name in work.block_names]
+    blocks = [[shape for n, shape in local.items() if n.startswith(prefix)] for prefix in prefixes]
+    root = [shape for name, shape in local.items() if not any(name.startswith(p) for p in prefixes)]
     return predict_model_state(list(local.values()), precision=cfg.precision,
                                parallelism=cfg.parallelism, dp_size=cfg.dp_size,
                                reshard_after_forward=cfg.reshard, block_param_shapes=blocks,

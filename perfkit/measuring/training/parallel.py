@@ -137,17 +137,18 @@ def apply_fsdp(
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
     mesh=None,
+    blocks=None,
 ) -> nn.Module:
-    """FSDP2: ``fully_shard`` each block of ``model.blocks`` (one all-gather per block), then the
-    root (embeddings, head), over ``mesh`` (default: a 1-D mesh of every rank).
-    ``reshard_after_forward=False`` is ZeRO-2, True ZeRO-3."""
+    """FSDP2: ``fully_shard`` each of ``blocks`` (default ``model.blocks``; one all-gather per
+    block), then the root (embeddings, head, and all of a model without blocks), over ``mesh``
+    (default: a 1-D mesh of every rank). ``reshard_after_forward=False`` is ZeRO-2, True ZeRO-3."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if mesh is None:
         mesh = init_device_mesh(_mesh_device_type(), (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in getattr(model, "blocks", ()):
+    for block in (getattr(model, "blocks", ()) if blocks is None else blocks):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     # The root's parameters are needed again right after forward (loss, then backward of the
     # head), so resharding them after forward would only add an all-gather (torchtitan does this).
@@ -155,8 +156,10 @@ def apply_fsdp(
     return model
 
 
-def apply_tp(model: nn.Module, *, mesh=None) -> nn.Module:
-    """Tensor parallel over ``mesh`` (default: a 1-D mesh of every rank), from ``model.tp_plan()``."""
+def apply_tp(model: nn.Module, *, mesh=None, plan=None) -> nn.Module:
+    """Tensor parallel over ``mesh`` (default: a 1-D mesh of every rank), from ``plan``
+    (default ``model.tp_plan()``): qualified module name -> ``"colwise"``, ``"rowwise"`` or a
+    torch ``ParallelStyle``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -164,10 +167,11 @@ def apply_tp(model: nn.Module, *, mesh=None) -> nn.Module:
         parallelize_module,
     )
 
-    if not hasattr(model, "tp_plan"):
+    if plan is None and not hasattr(model, "tp_plan"):
         raise BadInputError(f"{type(model).__name__} has no tp_plan(): no tensor-parallel layout")
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {path: styles[style]() for path, style in model.tp_plan().items()}
+    plan = {path: styles[style]() if isinstance(style, str) else style
+            for path, style in (model.tp_plan() if plan is None else plan).items()}
     if mesh is None:
         mesh = init_device_mesh(_mesh_device_type(), (dist.get_world_size(),))
     return parallelize_module(model, mesh, plan)
@@ -175,7 +179,7 @@ def apply_tp(model: nn.Module, *, mesh=None) -> nn.Module:
 
 def apply_fsdp_tp(model: nn.Module, *, dp_degree: int, tp_degree: int,
                   reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
-                  reduce_dtype: torch.dtype | None = None) -> nn.Module:
+                  reduce_dtype: torch.dtype | None = None, blocks=None, plan=None) -> nn.Module:
     """FSDP2 × tensor parallel on a ``(dp, tp)`` mesh: TP inside each group of ``tp_degree``
     consecutive ranks, FSDP2 across the groups. Goes through :func:`apply_tp` and
     :func:`apply_fsdp` by module attribute, so what patches them (the scaling run) applies here."""
@@ -185,9 +189,9 @@ def apply_fsdp_tp(model: nn.Module, *, dp_degree: int, tp_degree: int,
         raise BadInputError(f"dp_degree {dp_degree} × tp_degree {tp_degree} != world size "
                             f"{dist.get_world_size()}")
     mesh = init_device_mesh(_mesh_device_type(), (dp_degree, tp_degree), mesh_dim_names=("dp", "tp"))
-    model = apply_tp(model, mesh=mesh["tp"])
+    model = apply_tp(model, mesh=mesh["tp"], plan=plan)
     return apply_fsdp(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward,
-                      param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+                      param_dtype=param_dtype, reduce_dtype=reduce_dtype, blocks=blocks)
 
 
 def make_optimizer(model: nn.Module, *, parallelism: str, lr: float) -> torch.optim.Optimizer:

@@ -59,7 +59,8 @@ from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
 from perfkit.measuring.training import parallel
 from perfkit.measuring.ops import trace_capture
-from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.workloads import catalog
+from perfkit.measuring.workloads.workload import Workload, call_model, checkpoint_blocks, map_tensors, slice_batch
 from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
@@ -73,27 +74,28 @@ def batch_seed(cfg: TrainConfig, step: int) -> int:
     return cfg.seed * 2**32 + step
 
 
-def _batch(cfg: TrainConfig, work: workloads.Workload, step: int, ctx: parallel.DistContext,
+def _batch(cfg: TrainConfig, work: Workload, step: int, ctx: parallel.DistContext,
            device: torch.device):
     """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
     single process see the same global batch; then copied, so the rank holds only its slice
-    (as a real loader's), not a view keeping the global batch alive on a CPU."""
+    (as a real loader's), not a view keeping the global batch alive on a CPU. Inputs may be a
+    tensor, a tuple or a dict of tensors (:mod:`perfkit.measuring.workloads.workload`)."""
     inputs, target = work.make_batch(cfg.batch_size, seed=batch_seed(cfg, step))
     size = cfg.batch_size // ctx.dp_size
     lo = size * ctx.dp_rank
-    inputs, target = (inputs[lo:lo + size].to(device, copy=True),
-                      target[lo:lo + size].to(device, copy=True))
-    if cfg.precision == "bf16-pure" and inputs.is_floating_point():
-        inputs = inputs.to(torch.bfloat16)
-    return inputs, target
+    pure = cfg.precision == "bf16-pure"
+    to = lambda t: t.to(device, dtype=torch.bfloat16 if pure and t.is_floating_point() else t.dtype)  # noqa: E731
+    return (map_tensors(slice_batch(inputs, lo, lo + size), to),
+            map_tensors(slice_batch(target, lo, lo + size), lambda t: t.to(device)))
 
 
-def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloads.Workload]:
+def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, Workload]:
     # Weights come from spec.seed: identical on every rank and in one process.
-    work = workloads.build(workload_spec(cfg), device=device,
-                           dtype=torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32)
+    work = catalog.build(workload_spec(cfg), device=device,
+                         dtype=torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32)
     model = work.model
-    model.activation_checkpointing = cfg.activation_checkpointing
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(model, work.blocks())
     if cfg.precision == "fp8":
         from torchao.float8 import convert_to_float8_training
 
@@ -103,16 +105,17 @@ def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, workloa
                                   gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                                   static_graph=cfg.static_graph, comm_hook=cfg.comm_hook)
     elif cfg.parallelism in ("fsdp", "zero2", "zero3"):
-        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard,
+        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard, blocks=work.blocks(),
                                     param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
                                     reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
     elif cfg.parallelism == "fsdp_tp":
         model = parallel.apply_fsdp_tp(model, dp_degree=cfg.dp_size, tp_degree=cfg.tp_size,
+                                       blocks=work.blocks(), plan=work.tp_plan,
                                        reshard_after_forward=cfg.reshard,
                                        param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
                                        reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
     elif cfg.parallelism == "tp":
-        model = parallel.apply_tp(model)
+        model = parallel.apply_tp(model, plan=work.tp_plan)
     if cfg.compile:
         model = torch.compile(model, mode=cfg.compile_mode)
     return model, work
@@ -184,9 +187,9 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
                                                  functools.partial(memory_model.fsdp_gathered, model)) as meter:
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    out = model(inputs)
+                    out = call_model(model, inputs)
                 # The loss in fp32 whatever the compute dtype.
-                loss = work.loss_fn(out.float(), target)
+                loss = work.loss(out, target)
                 # fp16: scale the loss so small gradients do not flush to zero.
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             if scaler is not None:
@@ -232,7 +235,7 @@ def rank_device(cfg: TrainConfig) -> torch.device:
     return device
 
 
-def rank_facts(work: workloads.Workload, device: torch.device) -> dict:
+def rank_facts(work: Workload, device: torch.device) -> dict:
     """What a rank reports beside its measurements: the workload's sizes and its device."""
     from perfkit.core.cpu_share import cpu_share
     from perfkit.core.devices import detect
@@ -240,6 +243,8 @@ def rank_facts(work: workloads.Workload, device: torch.device) -> dict:
     info = detect(str(device))
     return {"n_params": work.n_params, "n_params_non_embedding": work.n_params_non_embedding,
             "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
+            "model_family": work.family, "flop_reason": work.flop_reason,
+            "flop_convention": work.flop_convention,
             "device": device.type, "device_kind": info.kind, "device_name": info.name,
             # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
             "device_compute_units": info.compute_units,
@@ -309,8 +314,10 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "peak_source": peak.source,
         "cpu_threads": peak.cpu_threads, "cpu_cores_counted": peak.cpu_cores,
         "mfu": mfu.utilisation(model_flop, step_s, peak),
-        "mfu_convention": mfu.mfu_convention(cfg.model, peak),
-        "mfu_reason": peak.reason,
+        "mfu_convention": mfu.mfu_convention(cfg.model, peak, first.get("flop_convention")),
+        "mfu_reason": first.get("flop_reason") or peak.reason,
+        "model_family": first.get("model_family", "builtin"),
+        **catalog.package_versions(first.get("model_family", "builtin")),
         "step_counted_flop": counted_flop,
         "counted_flop_per_s": counted_flop / step_s,
         "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),

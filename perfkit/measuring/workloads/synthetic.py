@@ -34,8 +34,6 @@ training step needs) are in :mod:`perfkit.measuring.workloads.models`, their con
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +41,9 @@ from torch import nn
 
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.workloads.configs import (NAMES, ConvNetConfig, MLPConfig, TransformerConfig, WorkloadSpec,
-                                                 make_spec, positive_ints)
+                                                 make_spec)
 from perfkit.measuring.workloads.models import GPT, MLP, ConvNet
+from perfkit.measuring.workloads.workload import Workload, constructing_on
 
 __all__ = [
     "MLPConfig",
@@ -56,57 +55,6 @@ __all__ = [
     "make_spec",
     "NAMES",
 ]
-
-
-@dataclass(kw_only=True, frozen=True)
-class Workload:
-    """A built workload: model, batch generator, loss and analytic counts."""
-
-    spec: WorkloadSpec
-    """The config it was built from."""
-    model: nn.Module = field(repr=False)
-    """The model, on the device and dtype given to :func:`build`."""
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    """``loss_fn(model(inputs), targets)`` gives the scalar training loss."""
-    n_params: int
-    """All parameters (= sum of ``p.numel()``)."""
-    n_params_non_embedding: int
-    """Parameters minus the embedding tables (transformer); = n_params for the others."""
-    flop_per_sample: int
-    """Analytic FLOP of one training step (forward + backward) per sample; see module docstring."""
-    flop_per_sample_first_input_grad: int
-    """The part of flop_per_sample that is the first layer's input gradient, which autograd
-    skips when the inputs do not require grad (0 for the transformer)."""
-    tokens_per_sample: int | None
-    """seq_len for the transformer, None otherwise."""
-    _batch: Callable[..., tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
-
-    def make_batch(
-        self,
-        batch_size: int,
-        *,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, targets)`` of ``batch_size`` samples on ``device``.
-
-        Random draws come from ``generator`` or, if None, a CPU generator seeded with ``seed``
-        (default 0), and are made on the CPU, so a batch is the same on every device.
-        ``dtype`` applies to floating-point tensors; tokens and class labels stay int64.
-        """
-        positive_ints(batch_size=batch_size)
-        if generator is not None and seed is not None:
-            raise BadInputError("pass seed or generator, not both")
-        if generator is None:
-            generator = torch.Generator().manual_seed(0 if seed is None else seed)
-        inputs, targets = self._batch(batch_size, generator)
-        if inputs.is_floating_point():
-            inputs = inputs.to(dtype)
-        if targets.is_floating_point():
-            targets = targets.to(dtype)
-        return inputs.to(device), targets.to(device)
 
 
 # --- analytic FLOP ---------------------------------------------------------------------------
@@ -197,7 +145,7 @@ def build(spec: WorkloadSpec, *, device: str | torch.device = "cpu",
     # Seed the init without disturbing the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model, loss_fn, batch, tokens, first_grad = _build_parts(spec)
+        model, loss_fn, batch, tokens, first_grad = _build_parts(spec, device)
     n_params = sum(p.numel() for p in model.parameters())
     n_non_emb = n_params
     if isinstance(spec, TransformerConfig):
@@ -219,17 +167,24 @@ def build(spec: WorkloadSpec, *, device: str | torch.device = "cpu",
         flop_per_sample=flop,
         flop_per_sample_first_input_grad=first_grad,
         tokens_per_sample=tokens,
+        block_names=tuple(f"blocks.{i}" for i in range(len(model.blocks))),
+        tp_plan=model.tp_plan() if hasattr(model, "tp_plan") else None,
+        family="builtin",
         _batch=batch,
     )
 
 
-def _build_parts(spec):
+def _build_parts(spec, device):
+    def on(model_cls):  # the model on the meta device when asked (shapes only), its task on the CPU
+        with constructing_on(device):
+            return model_cls(spec)
+
     if isinstance(spec, TransformerConfig):
-        return GPT(spec), _cross_entropy, _transformer_task(spec), spec.seq_len, 0
+        return on(GPT), _cross_entropy, _transformer_task(spec), spec.seq_len, 0
     if isinstance(spec, MLPConfig):
         n_out = spec.hidden_features if spec.depth > 1 else spec.out_features
         # First layer's input gradient: one in·out matmul of 2 FLOP per multiply-add.
-        return MLP(spec), F.mse_loss, _mlp_task(spec), None, 2 * spec.in_features * n_out
+        return on(MLP), F.mse_loss, _mlp_task(spec), None, 2 * spec.in_features * n_out
     _, stem = _convnet_forward_flop(spec)
     # The stem conv's input gradient costs as much as its forward.
-    return ConvNet(spec), _cross_entropy, _convnet_task(spec), None, stem
+    return on(ConvNet), _cross_entropy, _convnet_task(spec), None, stem

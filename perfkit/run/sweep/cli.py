@@ -110,6 +110,8 @@ def _cmd_new(args) -> int:
     name = args.name
     if not name.replace("_", "").replace("-", "").isalnum():
         raise BadInputError(f"name {name!r}: use letters, digits, '-' and '_' only")
+    if args.model:
+        return _new_model(name, Path(args.dir), args.force)
     src_nb, src_spec = TEMPLATES / "notebook.ipynb", TEMPLATES / "sweep.yaml"
     if not src_nb.exists() or not src_spec.exists():
         raise BadInputError(f"templates not found in {TEMPLATES}; run perfkit from its source checkout")
@@ -122,6 +124,33 @@ def _cmd_new(args) -> int:
     shutil.copyfile(src_nb, nb)
     spec.write_text(src_spec.read_text().replace("notebook.ipynb", nb.name))
     print(f"created {nb} and {spec}\nrun it:  perfkit sweep {spec} --out runs/{name}")
+    return 0
+
+
+def _new_model(name: str, directory: Path, force: bool) -> int:
+    """NAME.py (an entry point to fill in: templates/user_model.py) and NAME.yaml (its training-step
+    sweep: templates/user_model.yaml, pointed at NAME:build and this folder)."""
+    if not name.isidentifier():
+        raise BadInputError(f"name {name!r}: a model module's name must be a Python identifier (letters, digits, '_')")
+    src_py, src_spec = TEMPLATES / "user_model.py", TEMPLATES / "user_model.yaml"
+    notebook = TEMPLATES.parent / "notebooks" / "train_step.ipynb"
+    if not (src_py.exists() and src_spec.exists() and notebook.exists()):
+        raise BadInputError(f"templates not found in {TEMPLATES}; run perfkit from its source checkout")
+    module, spec = directory / f"{name}.py", directory / f"{name}.yaml"
+    for path in (module, spec):
+        if path.exists() and not force:
+            raise BadInputError(f"{path} exists; choose another name or pass --force")
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src_py, module)
+    text = (src_spec.read_text().replace('"user_model:build"', f'"{name}:build"')
+            .replace('"../templates"', json.dumps(str(directory.resolve())))
+            .replace("../notebooks/train_step.ipynb", str(notebook.resolve()))
+            .replace("name: user_model", f"name: {name}").replace("runs/user_model", f"runs/{name}")
+            .replace("templates/user_model.yaml", str(spec)))
+    spec.write_text(text)
+    print(f"created {module} (your model: fill in build) and {spec}\n"
+          f"check it:  perfkit sweep {spec} --out runs/{name} --dry-run\n"
+          f"run it:    perfkit sweep {spec} --out runs/{name}")
     return 0
 
 
@@ -154,8 +183,11 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                    help="any other sbatch option, e.g. account=myproj (repeatable)")
     p.set_defaults(func=_cmd_sweep)
 
-    p = sub.add_parser("new", help="scaffold a notebook and a sweep spec from templates/")
-    p.add_argument("name", help="the new notebook's name (NAME.ipynb and NAME.yaml)")
+    p = sub.add_parser("new", help="scaffold a notebook and a sweep spec from templates/ (--model: your model's entry point)")
+    p.add_argument("name", help="the new notebook's name (NAME.ipynb and NAME.yaml; with --model NAME.py and NAME.yaml)")
+    p.add_argument("--model", action="store_true",
+                   help="scaffold your own model instead: NAME.py, an entry point NAME:build to fill in "
+                        "(the workload contract), and NAME.yaml, its training-step sweep")
     p.add_argument("--dir", default=".", help="where to create them")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=_cmd_new)

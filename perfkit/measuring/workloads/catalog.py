@@ -1,0 +1,127 @@
+"""Every workload by name, whoever's model it is: one place that turns a configuration's
+``model`` (and ``model_size``, ``seed``, ``seq_len``) into a spec, checks it before any work, and
+builds it.
+
+==========================  =============  ================================================
+``model``                   family         built by
+==========================  =============  ================================================
+``mlp``, ``transformer``,   ``builtin``    :mod:`perfkit.measuring.workloads.synthetic`
+``convnet``
+``package.module:function`` ``entry``      :mod:`perfkit.measuring.workloads.user`
+``hf:<model_type>``         ``hf``         :mod:`perfkit.measuring.workloads.hf`
+``torchvision:<name>``      ``torchvision`` :mod:`perfkit.measuring.workloads.vision_tv`
+==========================  =============  ================================================
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+
+import torch
+
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.workloads import configs
+from perfkit.measuring.workloads.user import UserModelSpec
+from perfkit.measuring.workloads.workload import Workload
+
+__all__ = ["family_of", "make", "check", "build", "is_builtin", "package_versions"]
+
+_PREFIXES = {"hf:": "hf", "torchvision:": "torchvision"}
+
+
+def family_of(model: str) -> str:
+    """``builtin``, ``entry``, ``hf`` or ``torchvision``; a name that is none of them is refused."""
+    if not isinstance(model, str) or not model:
+        raise BadInputError(f"model must be a name, got {model!r}")
+    if model in configs.NAMES:
+        return "builtin"
+    for prefix, family in _PREFIXES.items():
+        if model.startswith(prefix):
+            if not model[len(prefix):]:
+                raise BadInputError(f"model {model!r}: name the model after {prefix!r}")
+            return family
+    if ":" in model:
+        return "entry"
+    raise BadInputError(f"unknown model {model!r}: one of {', '.join(configs.NAMES)}, "
+                        "'package.module:function', 'hf:<model_type>' or 'torchvision:<name>'")
+
+
+def is_builtin(model: str) -> bool:
+    return family_of(model) == "builtin"
+
+
+def make(model: str, model_size: Mapping[str, object] | None = None, *, seed: int = 0,
+         seq_len: int | None = None, model_path: str | None = None):
+    """The spec of ``model``: a synthetic config for perfkit's own (``seq_len`` applies to the
+    transformer), a :class:`~perfkit.measuring.workloads.user.UserModelSpec` for the others."""
+    size = dict(model_size or {})
+    family = family_of(model)
+    if family == "builtin":
+        if model == "transformer" and seq_len is not None:
+            size["seq_len"] = seq_len
+        return configs.make_spec(model, **size, seed=seed)
+    target = model.split(":", 1)[1] if family in ("hf", "torchvision") else model
+    return UserModelSpec(name=model, family=family, target=target, seed=seed, seq_len=seq_len,
+                         size=tuple(sorted(size.items(), key=lambda kv: kv[0])), model_path=model_path or None)
+
+
+#: The user specs already checked in this process (by repr: sizes may hold lists).
+_CHECKED: set[str] = set()
+
+
+def _check_user(spec: UserModelSpec) -> None:
+    if repr(spec) in _CHECKED:
+        return
+    if spec.family == "hf":
+        from perfkit.measuring.workloads.hf import check_hf
+
+        check_hf(spec)
+    elif spec.family == "torchvision":
+        from perfkit.measuring.workloads.vision_tv import check_torchvision
+
+        check_torchvision(spec)
+    else:
+        # The entry point is imported and called on the meta device: a module that does not import,
+        # a missing function or a result without model/make_batch is refused here, no memory spent.
+        from perfkit.measuring.workloads.user import build_entry
+
+        build_entry(spec, device="meta")
+    _CHECKED.add(repr(spec))
+
+
+def check(spec) -> None:
+    """Refuse what cannot be built (BadInputError, one line), before any kernel or rank starts.
+    Perfkit's own configs checked themselves when made; a user's model is resolved here (cached)."""
+    if isinstance(spec, UserModelSpec):
+        _check_user(spec)
+
+
+def build(spec, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Workload:
+    """The workload of ``spec`` (from :func:`make`), its weights from the spec's seed, on ``device``."""
+    if not isinstance(spec, UserModelSpec):
+        from perfkit.measuring.workloads.synthetic import build as build_synthetic
+
+        return build_synthetic(spec, device=device, dtype=dtype)
+    if spec.family == "hf":
+        from perfkit.measuring.workloads.hf import build_hf
+
+        return build_hf(spec, device=device, dtype=dtype)
+    if spec.family == "torchvision":
+        from perfkit.measuring.workloads.vision_tv import build_torchvision
+
+        return build_torchvision(spec, device=device, dtype=dtype)
+    from perfkit.measuring.workloads.user import build_entry
+
+    return build_entry(spec, device=device, dtype=dtype)
+
+
+def package_versions(family: str) -> dict[str, str | None]:
+    """The model library's version for a row (``transformers_version``, ``torchvision_version``)."""
+    package = {"hf": "transformers", "torchvision": "torchvision"}.get(family)
+    if package is None:
+        return {}
+    try:
+        return {f"{package}_version": importlib.metadata.version(package)}
+    except importlib.metadata.PackageNotFoundError:
+        return {f"{package}_version": None}

@@ -1,0 +1,201 @@
+"""Hugging Face transformers models by ``model_type`` (``hf:llama``, ``hf:gpt2``, ``hf:bert``,
+``hf:resnet``, ``hf:vit``, ...), built from their config with random weights: nothing downloads.
+
+``AutoConfig.for_model(model_type, **model_size)`` and then the auto class the family has: a
+causal LM (``AutoModelForCausalLM``), else a masked LM (encoders such as bert, whose causal-LM
+class is a decoder variant), else an image classifier (``AutoModelForImageClassification``,
+``num_labels`` and the images' ``image_size`` from ``model_size``). The tasks are perfkit's
+learnable synthetic ones (:mod:`perfkit.measuring.workloads.synthetic`): next-token prediction
+of arithmetic sequences for causal LMs, the tokens themselves for masked LMs, prototypes plus
+noise for images. The loss is cross-entropy over ``output.logits`` in fp32.
+
+Analytic FLOP of a text model, per token (PaLM appendix B, as perfkit's own transformer):
+``6·N + 12·L·H·Q·T`` with N the parameters outside the embedding tables plus the lm head's
+weight when it is tied to the token embedding (its matmul runs either way; norms and biases are
+in N, a small overcount), L = ``num_hidden_layers``, H·Q = ``num_attention_heads · head_dim``,
+T = ``seq_len``; the full T×T score matrix, not halved for the causal mask. Per sample: × T. A
+vision model's FLOP are NaN with the reason: no 6N rule holds for convolutions or patches.
+Blocks are found from the model (:func:`perfkit.measuring.workloads.user.find_blocks`: its
+decoder or encoder layers, a ResNet's stages); the tensor-parallel plan is the family's
+(``model._tp_plan``, ``colwise``/``rowwise`` entries; the embedding and lm head stay replicated).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, non_embedding_params,
+                                              seed_generator_batch)
+from perfkit.measuring.workloads.workload import Workload, constructing_on
+
+__all__ = ["build_hf", "check_hf", "hf_config", "task_of", "TEXT_FLOP_CONVENTION"]
+
+TEXT_FLOP_CONVENTION = ("6N + 12·L·H·Q·T per token (PaLM app. B); N = parameters outside the "
+                        "embedding tables + a tied lm head")
+#: model_size keys perfkit takes itself for a vision model (not config fields of every family).
+_VISION_OWN = ("image_size",)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise BadInputError("hf: models need Hugging Face transformers: pip install 'perfkit[hf]'") from None
+    transformers.logging.set_verbosity_error()  # random-weight configs warn about token ids
+    return transformers
+
+
+@functools.lru_cache(maxsize=None)
+def _config_class(model_type: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    _transformers()
+    if model_type not in CONFIG_MAPPING_NAMES:
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=5, cutoff=0.6)
+        hint = f"; close: {', '.join(close)}" if close else ""
+        raise BadInputError(f"hf:{model_type}: transformers has no model_type {model_type!r}{hint}")
+    return CONFIG_MAPPING[model_type]
+
+
+@functools.lru_cache(maxsize=None)
+def task_of(model_type: str) -> str:
+    """``causal-lm``, ``masked-lm`` or ``image-classification``: which auto class builds it."""
+    from transformers.models.auto import modeling_auto as auto
+
+    _config_class(model_type)
+    masked, causal = auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if model_type in causal and model_type not in masked:
+        return "causal-lm"
+    if model_type in masked:
+        return "masked-lm"
+    if model_type in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return "image-classification"
+    raise BadInputError(f"hf:{model_type}: perfkit trains causal LMs, masked LMs and image "
+                        f"classifiers; transformers has none of these for {model_type!r}")
+
+
+def _known_keys(model_type: str) -> set[str]:
+    cls = _config_class(model_type)
+    return set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | {"num_labels"}
+
+
+def hf_config(spec: UserModelSpec):
+    """The model's config from ``model_size`` (unknown keys refused, with the close ones)."""
+    model_type, sizes = spec.target, spec.sizes
+    task = task_of(model_type)
+    own = {k: sizes.pop(k) for k in _VISION_OWN if k in sizes and task == "image-classification"
+           and k not in _config_class(model_type)().to_dict()}
+    known = _known_keys(model_type)
+    if unknown := sorted(set(sizes) - known):
+        close = {k: difflib.get_close_matches(k, sorted(known), n=3) for k in unknown}
+        hints = "; ".join(f"{k}: close {', '.join(v)}" if v else k for k, v in close.items())
+        raise BadInputError(f"hf:{model_type}: model_size keys the config does not have: {hints}")
+    config = _transformers().AutoConfig.for_model(model_type, **sizes)
+    if task != "image-classification" and spec.seq_len is not None:
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit is not None and spec.seq_len > limit:
+            raise BadInputError(f"hf:{model_type}: seq_len {spec.seq_len} > the config's "
+                                f"max_position_embeddings {limit}")
+    return config, own
+
+
+def check_hf(spec: UserModelSpec) -> None:
+    """Refuse an unknown model_type or model_size key before any work (no model is built)."""
+    hf_config(spec)
+
+
+def _text_batch(vocab_size: int, seq_len: int, causal: bool):
+    # perfkit's transformer task: x_t = (a + b·t) mod V, learnable from the last two tokens.
+    max_stride = max(1, min(4, vocab_size - 1))
+    t = torch.arange(seq_len + 1)
+
+    def batch(n: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        start = torch.randint(0, vocab_size, (n, 1), generator=gen)
+        stride = torch.randint(1, max_stride + 1, (n, 1), generator=gen)
+        seq = (start + stride * t) % vocab_size
+        if causal:
+            return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+        return seq[:, :-1].contiguous(), seq[:, :-1].contiguous()
+
+    return batch
+
+
+def _image_batch(channels: int, image_size: int, n_classes: int, seed: int):
+    # perfkit's convnet task: a class prototype (fixed by the model's seed) plus noise.
+    shape = (n_classes, channels, image_size, image_size)
+    prototypes = torch.randn(shape, generator=torch.Generator().manual_seed(1_000_003 + seed))
+
+    def batch(n: int, batch_seed: int):
+        gen = torch.Generator().manual_seed(batch_seed)
+        labels = torch.randint(0, n_classes, (n,), generator=gen)
+        return prototypes[labels] + 0.5 * torch.randn((n, *shape[1:]), generator=gen), labels
+
+    return batch
+
+
+def _logits_loss(output, targets):
+    logits = output.logits.float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _tp_plan(model, block_names: tuple[str, ...]) -> dict[str, str] | None:
+    """The family's plan (``model._tp_plan``) over the model's own module names, its
+    ``colwise``/``rowwise`` entries only (Megatron pairs inside each layer)."""
+    plan = getattr(model, "_tp_plan", None) or {}
+    names = {name for name, _ in model.named_modules()}
+    out = {}
+    for pattern, style in plan.items():
+        if style not in ("colwise", "rowwise"):
+            continue
+        head, star, tail = pattern.partition("*")
+        candidates = ([f"{head}{i}{tail}" for i in range(len(block_names))] if star else [pattern])
+        out.update({name: style for name in candidates if name in names})
+    return out or None
+
+
+def _text_flop(model, config, seq_len: int) -> float:
+    matmul_params = non_embedding_params(model)
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and embed is not None and head.weight is embed.weight:
+        matmul_params += head.weight.numel()  # tied: the head's matmul is not in the non-embedding N
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return float((6 * matmul_params + 12 * layers * heads * head_dim * seq_len) * seq_len)
+
+
+def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workload:
+    """The workload of ``hf:<model_type>``: random weights from ``spec.seed``, on ``device``."""
+    transformers = _transformers()
+    config, own = hf_config(spec)
+    task = task_of(spec.target)
+    auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM,
+            "image-classification": transformers.AutoModelForImageClassification}[task]
+    with torch.random.fork_rng(devices=[]), constructing_on(device):
+        torch.manual_seed(spec.seed)
+        model = auto.from_config(config)
+    blocks = find_blocks(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    if task == "image-classification":
+        image_size = own.get("image_size", getattr(config, "image_size", 224))
+        image_size = image_size if isinstance(image_size, int) else image_size[0]
+        batch = _image_batch(getattr(config, "num_channels", 3), image_size, config.num_labels, spec.seed)
+        flop, reason, tokens = math.nan, f"no analytic FLOP model for {spec.name} (6N holds for transformers' matmuls only)", None
+    else:
+        if spec.seq_len is None:
+            raise BadInputError(f"{spec.name} is a text model: it needs seq_len")
+        batch = _text_batch(config.vocab_size, spec.seq_len, task == "causal-lm")
+        flop, reason, tokens = _text_flop(model, config, spec.seq_len), None, spec.seq_len
+    return Workload(
+        spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=_logits_loss,
+        n_params=n_params, n_params_non_embedding=non_embedding_params(model),
+        flop_per_sample=flop, flop_reason=reason,
+        flop_convention=TEXT_FLOP_CONVENTION if reason is None else None,
+        tokens_per_sample=tokens, block_names=blocks, tp_plan=_tp_plan(model, blocks), family="hf",
+        _batch=seed_generator_batch(batch))

@@ -1,0 +1,226 @@
+"""Users' own models: the workload contract of an entry point ``package.module:function``, and
+what every user family (entry points, ``hf:``, ``torchvision:``) shares.
+
+An entry point is called with ``model_size``'s keys as keyword arguments plus ``seed`` (and
+``seq_len`` when its signature names it) and returns a mapping, or a :class:`UserModel`, with:
+
+- ``model``: an ``nn.Module``;
+- ``make_batch(batch_size, seed) -> (inputs, targets)``: inputs a tensor (``model(x)``), a tuple
+  (``model(*x)``) or a dict (``model(**x)``), drawn on the CPU from ``seed`` alone;
+- optionally ``loss_fn(output, targets)`` (absent: the output is the loss, or has ``.loss``),
+  ``blocks`` (the repeated submodules, as modules or qualified names: FSDP2 shards per block,
+  activation checkpointing wraps each, pipeline stages split at them), ``tokens_per_sample``,
+  ``flop_per_sample`` (analytic FLOP of one training step per sample, for MFU) and ``tp_plan``
+  (``{"qualified.name": "colwise" | "rowwise" | ParallelStyle}``, torch's ``parallelize_module``).
+
+What perfkit cannot know about a user's model (analytic FLOP, an activation model) is NaN with
+the reason, never guessed; counted FLOP, measured memory and traces need nothing from the user.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import nn
+
+from perfkit.core import checks
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.workloads.workload import Workload, constructing_on
+
+__all__ = ["UserModel", "UserModelSpec", "load_entry_point", "build_entry", "find_blocks",
+           "block_names_of", "seed_generator_batch", "non_embedding_params"]
+
+
+@dataclass(kw_only=True, frozen=True)
+class UserModel:
+    """What an entry point returns (a mapping with these keys works too)."""
+
+    model: nn.Module
+    """The model, on the CPU in fp32; perfkit moves it to the device and precision."""
+    make_batch: Callable[[int, int], tuple]
+    """``make_batch(batch_size, seed) -> (inputs, targets)``, on the CPU."""
+    loss_fn: Callable | None = None
+    """``loss_fn(output, targets)``; None: the output is the loss or has ``.loss``."""
+    blocks: Sequence[nn.Module | str] | None = None
+    """The repeated submodules (modules of ``model`` or their qualified names)."""
+    tokens_per_sample: int | None = None
+    """Tokens per sample, for tokens/s."""
+    flop_per_sample: float | None = None
+    """Analytic FLOP of one training step (forward + backward) per sample, for MFU."""
+    tp_plan: Mapping[str, object] | None = None
+    """``{"qualified.name": "colwise" | "rowwise" | ParallelStyle}``."""
+
+
+@dataclass(kw_only=True, frozen=True)
+class UserModelSpec:
+    """A user's model by name, with the sizes and seed it is built with: what a configuration
+    trains when ``model`` is not one of perfkit's synthetic workloads."""
+
+    name: str
+    """The model as the configuration names it: ``pkg.mod:fn``, ``hf:llama``, ``torchvision:resnet18``."""
+    family: str
+    """``entry``, ``hf`` or ``torchvision``."""
+    target: str
+    """The part after the family's prefix: ``pkg.mod:fn``, ``llama``, ``resnet18``."""
+    size: tuple[tuple[str, object], ...] = ()
+    """``model_size``'s items, sorted (hashable, so a check can be cached)."""
+    seed: int = 0
+    seq_len: int | None = None
+    """Tokens per sample for a text model (its batches' length)."""
+    model_path: str | None = None
+    """A folder put first on ``sys.path`` before an entry point is imported."""
+
+    @property
+    def sizes(self) -> dict:
+        return dict(self.size)
+
+
+def _import_module(module: str, model_path: str | None, what: str):
+    if model_path:
+        model_path = os.path.abspath(model_path)  # a later chdir must not move it
+        if model_path not in sys.path:
+            sys.path.insert(0, model_path)
+    try:
+        return importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - any failure to import is the user's to see, in one line
+        where = f" (model_path {model_path!r})" if model_path else " (set model_path or PYTHONPATH)"
+        raise BadInputError(f"{what}: module {module!r} does not import{where}: "
+                            f"{type(err).__name__}: {err}".splitlines()[0]) from None
+
+
+def load_entry_point(target: str, model_path: str | None = None) -> Callable:
+    """The function ``package.module:function`` names, imported (``model_path`` first on sys.path)."""
+    module, sep, function = target.partition(":")
+    if not sep or not module or not function:
+        raise BadInputError(f"entry point {target!r}: write it as 'package.module:function'")
+    found = _import_module(module, model_path, f"entry point {target!r}")
+    fn = getattr(found, function, None)
+    if not callable(fn):
+        raise BadInputError(f"entry point {target!r}: module {module!r} has no function {function!r}")
+    return fn
+
+
+def _call_entry(spec: UserModelSpec) -> UserModel:
+    fn = load_entry_point(spec.target, spec.model_path)
+    kwargs = {**spec.sizes, "seed": spec.seed}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if spec.seq_len is not None and "seq_len" in params and "seq_len" not in kwargs:
+        kwargs["seq_len"] = spec.seq_len
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as err:
+        raise BadInputError(f"entry point {spec.target!r} does not take {sorted(kwargs)}: {err}") from None
+    except ValueError:
+        pass  # no signature to check against (a builtin): let the call say
+    result = fn(**kwargs)
+    return _as_user_model(spec.target, result)
+
+
+def _as_user_model(target: str, result) -> UserModel:
+    names = {f.name for f in fields(UserModel)}
+    if isinstance(result, UserModel):
+        found = result
+    elif isinstance(result, Mapping):
+        if missing := [k for k in ("model", "make_batch") if k not in result]:
+            raise BadInputError(f"entry point {target!r} returned a mapping without {missing}: it "
+                                "needs 'model' (an nn.Module) and 'make_batch(batch_size, seed)'")
+        if unknown := sorted(set(result) - names):
+            raise BadInputError(f"entry point {target!r} returned unknown keys {unknown}; "
+                                f"valid: {sorted(names)}")
+        found = UserModel(**result)
+    else:
+        raise BadInputError(f"entry point {target!r} returned {type(result).__name__}: it must return "
+                            "a mapping (or perfkit's UserModel) with 'model' and 'make_batch'")
+    if not isinstance(found.model, nn.Module):
+        raise BadInputError(f"entry point {target!r}: 'model' is a {type(found.model).__name__}, "
+                            "not an nn.Module")
+    if not callable(found.make_batch):
+        raise BadInputError(f"entry point {target!r}: 'make_batch' is not callable")
+    return found
+
+
+def block_names_of(model: nn.Module, blocks: Sequence[nn.Module | str] | None, what: str) -> tuple[str, ...]:
+    """Qualified names of ``blocks`` (modules of ``model`` or names), checked to exist."""
+    if not blocks:
+        return ()
+    by_id = {id(m): name for name, m in model.named_modules()}
+    names = []
+    for block in blocks:
+        if isinstance(block, str):
+            try:
+                model.get_submodule(block)
+            except AttributeError:
+                raise BadInputError(f"{what}: block {block!r} is not a submodule of the model") from None
+            names.append(block)
+        elif isinstance(block, nn.Module) and id(block) in by_id and by_id[id(block)]:
+            names.append(by_id[id(block)])
+        else:
+            raise BadInputError(f"{what}: every block must be a submodule of the model (or its name)")
+    return tuple(names)
+
+
+def find_blocks(model: nn.Module) -> tuple[str, ...]:
+    """The repeated blocks of a library's model: among the children of its ``ModuleList`` and
+    ``Sequential`` containers that hold submodules of their own, the class whose instances hold
+    the most parameters (a decoder's layers, a ResNet's residual blocks), outermost first."""
+    candidates: dict[type, list[str]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            for child_name, child in module.named_children():
+                if any(True for _ in child.children()):
+                    candidates.setdefault(type(child), []).append(f"{name}.{child_name}" if name else child_name)
+    if not candidates:
+        return ()
+    weight = lambda names: sum(p.numel() for n in names for p in model.get_submodule(n).parameters())  # noqa: E731
+    best = max(candidates.values(), key=lambda names: (weight(names), len(names)))
+    return tuple(best) if len(best) > 1 else ()
+
+
+def non_embedding_params(model: nn.Module) -> int:
+    """Parameters outside the ``nn.Embedding`` tables (token, position, segment embeddings)."""
+    embedding = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
+                    for p in m.parameters(recurse=False))
+    return sum(p.numel() for p in model.parameters()) - embedding
+
+
+def seed_generator_batch(make_batch: Callable[[int, int], tuple]) -> Callable[[int, torch.Generator], tuple]:
+    """A ``make_batch(batch_size, seed)`` as a workload's ``_batch(batch_size, generator)``: the
+    generator's seed is what the user's function gets."""
+    def batch(n: int, generator: torch.Generator):
+        result = make_batch(n, int(generator.initial_seed()))
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise BadInputError(f"make_batch must return (inputs, targets), got {type(result).__name__}")
+        return tuple(result)
+    return batch
+
+
+def build_entry(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workload:
+    """The workload of an entry point: its model on ``device`` in ``dtype``."""
+    checks.one_of("family", spec.family, ("entry",))
+    with torch.random.fork_rng(devices=[]), constructing_on(device):
+        torch.manual_seed(spec.seed)
+        user = _call_entry(spec)
+    model = user.model
+    n_params = sum(p.numel() for p in model.parameters())
+    flop = math.nan if user.flop_per_sample is None else float(user.flop_per_sample)
+    return Workload(
+        spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=user.loss_fn,
+        n_params=n_params, n_params_non_embedding=non_embedding_params(model),
+        flop_per_sample=flop,
+        flop_reason=None if user.flop_per_sample is not None else
+        f"the entry point {spec.target!r} gives no flop_per_sample",
+        flop_convention="the entry point's flop_per_sample" if user.flop_per_sample is not None else None,
+        tokens_per_sample=user.tokens_per_sample,
+        block_names=block_names_of(model, user.blocks, f"entry point {spec.target!r}"),
+        tp_plan=dict(user.tp_plan) if user.tp_plan else None, family="entry",
+        _batch=seed_generator_batch(user.make_batch))

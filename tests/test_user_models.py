@@ -1,0 +1,214 @@
+"""Users' models through perfkit's training step: an entry point written here (tests/_user_models.py),
+Hugging Face models built from their configs with random weights, torchvision where it imports.
+
+Real transformers model code (no download), real gloo ranks. Loss tolerance as tests/test_zero.py
+(rtol 1e-4: reassociation of sharded reductions only; a wrong batch split moves it by 1e-2 or more).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import run_training, train_step_benchmark
+from perfkit.measuring.workloads import catalog
+
+transformers = pytest.importorskip("transformers", reason="perfkit[hf] (transformers) is not installed")
+
+RTOL = 1e-4
+ENTRY = {"model": "_user_models:recommender", "batch_size": 16, "steps": 5, "warmup_steps": 1,
+         "model_size": {"width": 32, "depth": 3}}
+LLAMA_SIZE = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 512}
+LLAMA = {"model": "hf:llama", "model_size": LLAMA_SIZE, "batch_size": 4, "seq_len": 32, "steps": 3}
+GPT2 = {"model": "hf:gpt2", "batch_size": 4, "seq_len": 32, "steps": 3,
+        "model_size": {"n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 512}}
+RESNET = {"model": "hf:resnet", "batch_size": 4, "steps": 3,
+          "model_size": {"image_size": 64, "num_labels": 10, "hidden_sizes": [16, 32], "depths": [1, 1],
+                         "embedding_size": 8}}
+STATE = ("param_bytes", "grad_bytes", "optim_state_bytes")
+
+
+def _torchvision_imports() -> bool:
+    try:
+        import torchvision.models  # noqa: F401
+    except Exception:  # noqa: BLE001 - a CUDA build raises RuntimeError against the CPU torch
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model, family", [("mlp", "builtin"), ("pkg.mod:fn", "entry"),
+                                           ("hf:llama", "hf"), ("torchvision:resnet18", "torchvision")])
+def test_a_model_name_says_its_family(model, family):
+    assert catalog.family_of(model) == family
+
+
+@pytest.mark.parametrize("params, says", [
+    ({"model": "no_such_package.models:build"}, "module 'no_such_package.models' does not import"),
+    ({"model": "_user_models:missing"}, "has no function 'missing'"),
+    ({"model": "_user_models:no_model"}, "without ['model']"),
+    ({"model": "_user_models:not_a_mapping"}, "returned Linear"),
+    ({"model": "_user_models:recommender", "model_size": {"widht": 8}}, "does not take"),
+    ({"model": "hf:lama"}, "no model_type 'lama'; close: llama"),
+    ({"model": "hf:llama", "model_size": {"hidden_sz": 64}}, "hidden_sz: close hidden_size"),
+    ({"model": "hf:gpt2", "seq_len": 4096}, "max_position_embeddings 1024"),
+    ({"model": "tranformer"}, "unknown model 'tranformer'"),
+])
+def test_bad_models_are_refused_with_one_line_before_any_work(params, says):
+    with pytest.raises(BadInputError) as err:
+        TrainConfig(**params)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_torchvision_model_says_why_where_torchvision_does_not_import():
+    if _torchvision_imports():
+        with pytest.raises(BadInputError, match="has no model 'resnet_18'; close: resnet18"):
+            TrainConfig(model="torchvision:resnet_18")
+        return
+    with pytest.raises(BadInputError, match="torchvision built for this torch .* does not import here"):
+        TrainConfig(model="torchvision:resnet18")
+
+
+def test_an_entry_point_trains_in_one_process_with_its_own_flop_and_blocks():
+    row = train_step_benchmark(TrainConfig(**ENTRY))
+    assert row["status"] == "ok" and row["model_family"] == "entry" and row["loss_fell"]
+    assert row["step_model_flop"] == 16 * 6 * (16 * 32 + 3 * 32 * 32 + 32)
+    # Counted: the matmuls (less the dense layer's skipped input gradient) and the elementwise ops.
+    assert row["step_counted_flop"] == pytest.approx(row["step_model_flop"], rel=0.10)
+    assert all(row[k] == row[f"{k}_predicted"] for k in STATE)
+    assert math.isnan(row["activation_bytes_predicted"]) and "no activation model" in row["activation_bytes_reason"]
+    assert row["activation_bytes_measured"] > 0
+
+
+def test_an_entry_point_with_dict_inputs_and_its_own_loss_trains():
+    row = train_step_benchmark(TrainConfig(model="_user_models:returns_its_loss", batch_size=8, steps=4))
+    assert row["status"] == "ok" and row["loss_fell"]
+    assert math.isnan(row["mfu"]) and "gives no flop_per_sample" in row["mfu_reason"]
+    assert row["step_counted_flop"] > 0
+
+
+def test_activation_checkpointing_of_an_entry_point_recomputes_its_blocks():
+    plain = train_step_benchmark(TrainConfig(**ENTRY))
+    ckpt = train_step_benchmark(TrainConfig(**ENTRY, activation_checkpointing=True))
+    assert ckpt["losses"] == pytest.approx(plain["losses"], rel=RTOL)
+    # The blocks' forward runs twice: their matmul FLOP (2·w² per sample each) again.
+    again = ckpt["step_counted_flop"] - plain["step_counted_flop"]
+    assert again == pytest.approx(16 * 3 * 2 * 32 * 32, rel=0.05)
+    no_blocks = run_training(TrainConfig(model="_user_models:returns_its_loss", batch_size=8, steps=3,
+                                         activation_checkpointing=True))
+    assert no_blocks["status"] == "skipped" and "names none" in no_blocks["error"]
+
+
+@pytest.mark.parametrize("base, precision", [(LLAMA, "fp32"), (LLAMA, "bf16"), (GPT2, "fp32")])
+def test_hf_text_models_count_within_10_percent_of_6n_plus_attention(base, precision):
+    row = train_step_benchmark(TrainConfig(**base, precision=precision))
+    assert row["status"] == "ok" and row["model_family"] == "hf"
+    assert row["transformers_version"] == transformers.__version__
+    assert "6N + 12·L·H·Q·T" in row["mfu_convention"]
+    assert row["step_counted_flop"] == pytest.approx(row["step_model_flop"], rel=0.10)
+    assert row["matmul_dtype_counted"] == ("bfloat16" if precision == "bf16" else "float32")
+    assert all(row[k] == row[f"{k}_predicted"] for k in STATE)
+    assert row["activation_bytes_measured"] > 0
+    if precision == "fp32":
+        assert row["mfu"] > 0
+
+
+def test_hf_llama_analytic_flop_follow_the_config():
+    # N = 4 layers × (4·256² attention + 3·256·688 MLP + 2·256 norms) + 256 final norm + 256·512 head.
+    n = 4 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) + 256 + 256 * 512
+    work = catalog.build(catalog.make("hf:llama", LLAMA_SIZE, seq_len=32), device="meta")
+    assert work.n_params_non_embedding == n
+    assert work.flop_per_sample == (6 * n + 12 * 4 * 4 * 64 * 32) * 32
+    assert work.block_names == tuple(f"model.layers.{i}" for i in range(4))
+
+
+def test_hf_vision_model_trains_with_mfu_nan_and_the_reason():
+    row = train_step_benchmark(TrainConfig(**RESNET))
+    assert row["status"] == "ok" and row["loss_first"] > 0
+    assert math.isnan(row["mfu"]) and "no analytic FLOP model for hf:resnet" in row["mfu_reason"]
+    assert row["step_counted_flop"] > 0 and row["counted_flop_utilisation"] > 0
+
+
+def test_a_setting_a_user_model_cannot_take_is_skipped_with_the_reason():
+    pp = run_training(TrainConfig(**LLAMA, parallelism="pp", world_size=2, n_microbatches=2))
+    assert pp["status"] == "skipped" and "pipeline stages of a user's model" in pp["error"]
+    tp = run_training(TrainConfig(**RESNET, parallelism="tp", world_size=2))
+    assert tp["status"] == "skipped" and "no tensor-parallel plan" in tp["error"]
+
+
+@pytest.fixture(scope="module")
+def parallel_rows():
+    from _training_targets import run_training_shared
+
+    out = {"entry-none": train_step_benchmark(TrainConfig(**ENTRY)),
+           "llama-none": train_step_benchmark(TrainConfig(**LLAMA))}
+    runs = {"entry-ddp": (ENTRY, "ddp"), "entry-zero2": (ENTRY, "zero2"), "entry-zero3": (ENTRY, "zero3"),
+            "llama-ddp": (LLAMA, "ddp"), "llama-zero3": (LLAMA, "zero3"), "llama-tp": (LLAMA, "tp")}
+    cfgs = [TrainConfig(**base, parallelism=p, world_size=2) for base, p in runs.values()]
+    out.update(zip(runs, run_training_shared(cfgs, 600)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["entry-ddp", "entry-zero2", "entry-zero3", "llama-ddp", "llama-zero3", "llama-tp"])
+def test_user_models_train_on_two_gloo_ranks_as_in_one_process(parallel_rows, name):
+    row, ref = parallel_rows[name], parallel_rows[f"{name.split('-')[0]}-none"]
+    assert row["status"] == "ok", row["error"]
+    assert row["losses"] == pytest.approx(ref["losses"], rel=RTOL)
+    # Measured model state per rank equals the ZeRO accounting of the user's model, exactly.
+    assert {k: row[k] for k in STATE} == {k: row[f"{k}_predicted"] for k in STATE}
+    if name.endswith(("zero2", "zero3")):
+        assert row["param_bytes"] < ref["param_bytes"] * 0.6  # sharded over 2 ranks
+
+
+@pytest.mark.slow
+def test_hf_vision_model_finds_its_oom_edge_under_an_address_space_cap():
+    from perfkit.measuring.training.batch_search import find_max_batch_size
+
+    # 256 images of 64×64 fit 256 MiB of headroom, 512 do not (measured here): two probes, each
+    # its own capped process, find the edge; the search bisects to multiples of 256.
+    base = {**RESNET, "steps": 2, "count_flops": False, "batch_size": 256}
+    cfg = TrainConfig(**base, address_space_headroom_bytes=256 * 2**20)
+    found = find_max_batch_size(cfg, start=256, limit=4096, multiple_of=256, timeout_s=300)
+    statuses = {status for _, status in found["probes"]}
+    assert found["stopped_by"] is None and "oom" in statuses and "ok" in statuses, found["probes"]
+    assert 256 <= found["max_batch_size"] < 4096
+
+
+@pytest.mark.slow
+def test_perfkit_run_refuses_an_unknown_hf_model_with_exit_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "perfkit.cli", "run", "notebooks/train_step.ipynb",
+                           "--out", str(out), "-p", "model", "hf:lama"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "no model_type 'lama'; close: llama" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_perfkit_new_model_scaffolds_an_entry_point_whose_sweep_checks(tmp_path, capsys):
+    from perfkit.cli import main
+
+    assert main(["new", "mynet", "--model", "--dir", str(tmp_path)]) == 0
+    assert (tmp_path / "mynet.py").exists() and (tmp_path / "mynet.yaml").exists()
+    spec = (tmp_path / "mynet.yaml").read_text()
+    assert '"mynet:build"' in spec and str(tmp_path) in spec
+    capsys.readouterr()
+    # The dry run checks every configuration: the module imports from model_path and builds (meta).
+    assert main(["sweep", str(tmp_path / "mynet.yaml"), "--out", str(tmp_path / "runs"), "--dry-run"]) == 0
+    assert "8 configurations, 8 to run" in capsys.readouterr().out
+    assert main(["new", "my-net", "--model", "--dir", str(tmp_path)]) == 2  # not a module name
+
+
+def test_a_relative_model_path_means_the_notebooks_folder_to_the_check_as_to_the_kernel(tmp_path, capsys):
+    from perfkit.cli import main
+
+    # templates/user_model.yaml names model_path "../templates": from notebooks/, where kernels run.
+    assert main(["sweep", str(REPO / "templates" / "user_model.yaml"), "--out", str(tmp_path), "--dry-run"]) == 0
+    assert "8 configurations, 8 to run" in capsys.readouterr().out
