@@ -73,7 +73,7 @@ def test_the_root_stays_gathered_in_the_gathered_dtype():
     # GPT-2-small: the root (50257 × 768 token embedding and head, 1024 positions) is ≈ 11 blocks.
     cfg = TrainConfig(model="transformer", parallelism="zero3", world_size=8, batch_size=8, seq_len=1024,
                       model_size={"vocab_size": 50257, "d_model": 768, "n_heads": 12, "n_layers": 12})
-    model = mm._meta_model(workload_spec(cfg))
+    model = mm._meta_workload(workload_spec(cfg)).model
     root = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("blocks."))
     block = sum(p.numel() for p in model.blocks[0].parameters())
     assert 10 < root / block < 12
@@ -88,7 +88,7 @@ def test_the_root_stays_gathered_in_the_gathered_dtype():
 def test_tensor_parallel_shapes_follow_the_megatron_plan():
     cfg = TrainConfig(model="transformer", seq_len=8, parallelism="tp", world_size=2, batch_size=2,
                       model_size={"d_model": 32, "n_heads": 4, "vocab_size": 16, "n_layers": 1})
-    model = mm._meta_model(workload_spec(cfg))
+    model = mm._meta_workload(workload_spec(cfg)).model
     shapes = dict(zip((n for n, _ in model.named_parameters()), mm.local_param_shapes(model, 2)))
     assert shapes["blocks.0.attn.q_proj.weight"] == (16, 32)  # colwise: output features split
     assert shapes["blocks.0.attn.out_proj.weight"] == (32, 16)  # rowwise: input features split

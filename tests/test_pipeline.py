@@ -286,7 +286,7 @@ def test_pipeline_activation_prediction_and_max_batch_follow_the_ranks():
 
     spec = workload_spec(cfg)
     states = [mm.predict_model_state(shapes, precision="fp32", parallelism="pp", dp_size=1).total_bytes
-              for shapes in mm._pipeline_rank_shapes(cfg, mm._meta_model(spec))]
+              for shapes in mm._pipeline_rank_shapes(cfg, mm._meta_workload(spec))]
 
     def per_rank_need(batch):  # each rank's own state and activation peak
         return [s + a for s, a in zip(states, activations.pipeline_rank_bytes(cfg, spec, batch // 4))]

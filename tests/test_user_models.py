@@ -27,6 +27,9 @@ ENTRY = {"model": "_user_models:recommender", "batch_size": 16, "steps": 5, "war
 LLAMA_SIZE = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
               "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 512}
 LLAMA = {"model": "hf:llama", "model_size": LLAMA_SIZE, "batch_size": 4, "seq_len": 32, "steps": 3}
+QWEN2 = {"model": "hf:qwen2", "batch_size": 4, "seq_len": 32, "steps": 3,  # grouped-query attention
+         "model_size": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "intermediate_size": 344, "vocab_size": 512}}
 GPT2 = {"model": "hf:gpt2", "batch_size": 4, "seq_len": 32, "steps": 3,
         "model_size": {"n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 512}}
 RESNET = {"model": "hf:resnet", "batch_size": 4, "steps": 3,
@@ -105,7 +108,8 @@ def test_activation_checkpointing_of_an_entry_point_recomputes_its_blocks():
     assert no_blocks["status"] == "skipped" and "names none" in no_blocks["error"]
 
 
-@pytest.mark.parametrize("base, precision", [(LLAMA, "fp32"), (LLAMA, "bf16"), (GPT2, "fp32")])
+@pytest.mark.parametrize("base, precision", [(LLAMA, "fp32"), (LLAMA, "bf16"), (QWEN2, "fp32"),
+                                             (QWEN2, "bf16"), (GPT2, "fp32")])
 def test_hf_text_models_count_within_10_percent_of_6n_plus_attention(base, precision):
     row = train_step_benchmark(TrainConfig(**base, precision=precision))
     assert row["status"] == "ok" and row["model_family"] == "hf"
@@ -136,8 +140,11 @@ def test_hf_vision_model_trains_with_mfu_nan_and_the_reason():
 
 
 def test_a_setting_a_user_model_cannot_take_is_skipped_with_the_reason():
-    pp = run_training(TrainConfig(**LLAMA, parallelism="pp", world_size=2, n_microbatches=2))
-    assert pp["status"] == "skipped" and "pipeline stages of a user's model" in pp["error"]
+    pp = run_training(TrainConfig(**GPT2, parallelism="pp", world_size=2, n_microbatches=2))
+    assert pp["status"] == "skipped" and "llama-style Hugging Face decoders" in pp["error"]
+    assert "hf:gpt2 is neither" in pp["error"]  # tied embeddings, its own block layout
+    entry = run_training(TrainConfig(**ENTRY, parallelism="pp", world_size=2, n_microbatches=2))
+    assert entry["status"] == "skipped" and "is neither" in entry["error"]
     tp = run_training(TrainConfig(**RESNET, parallelism="tp", world_size=2))
     assert tp["status"] == "skipped" and "no tensor-parallel plan" in tp["error"]
 
@@ -147,24 +154,30 @@ def parallel_rows():
     from _training_targets import run_training_shared
 
     out = {"entry-none": train_step_benchmark(TrainConfig(**ENTRY)),
-           "llama-none": train_step_benchmark(TrainConfig(**LLAMA))}
-    runs = {"entry-ddp": (ENTRY, "ddp"), "entry-zero2": (ENTRY, "zero2"), "entry-zero3": (ENTRY, "zero3"),
-            "llama-ddp": (LLAMA, "ddp"), "llama-zero3": (LLAMA, "zero3"), "llama-tp": (LLAMA, "tp")}
-    cfgs = [TrainConfig(**base, parallelism=p, world_size=2) for base, p in runs.values()]
+           "llama-none": train_step_benchmark(TrainConfig(**LLAMA)),
+           "qwen2-none": train_step_benchmark(TrainConfig(**QWEN2))}
+    pp = {"n_microbatches": 2}
+    runs = {"entry-ddp": (ENTRY, "ddp", {}), "entry-zero2": (ENTRY, "zero2", {}), "entry-zero3": (ENTRY, "zero3", {}),
+            "llama-ddp": (LLAMA, "ddp", {}), "llama-zero3": (LLAMA, "zero3", {}), "llama-tp": (LLAMA, "tp", {}),
+            "llama-pp": (LLAMA, "pp", pp), "qwen2-zero3": (QWEN2, "zero3", {}), "qwen2-pp": (QWEN2, "pp", pp)}
+    cfgs = [TrainConfig(**base, parallelism=p, world_size=2, **extra) for base, p, extra in runs.values()]
     out.update(zip(runs, run_training_shared(cfgs, 600)))
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["entry-ddp", "entry-zero2", "entry-zero3", "llama-ddp", "llama-zero3", "llama-tp"])
+@pytest.mark.parametrize("name", ["entry-ddp", "entry-zero2", "entry-zero3", "llama-ddp", "llama-zero3", "llama-tp",
+                                  "llama-pp", "qwen2-zero3", "qwen2-pp"])
 def test_user_models_train_on_two_gloo_ranks_as_in_one_process(parallel_rows, name):
     row, ref = parallel_rows[name], parallel_rows[f"{name.split('-')[0]}-none"]
     assert row["status"] == "ok", row["error"]
     assert row["losses"] == pytest.approx(ref["losses"], rel=RTOL)
     # Measured model state per rank equals the ZeRO accounting of the user's model, exactly.
     assert {k: row[k] for k in STATE} == {k: row[f"{k}_predicted"] for k in STATE}
-    if name.endswith(("zero2", "zero3")):
-        assert row["param_bytes"] < ref["param_bytes"] * 0.6  # sharded over 2 ranks
+    if name.endswith(("zero2", "zero3", "pp")):
+        assert row["param_bytes"] < ref["param_bytes"] * 0.7  # sharded, or split into stages, over 2 ranks
+    if name.endswith("pp"):
+        assert row["pp_stages"] == 2 and 0 < row["bubble_fraction"] < 1
 
 
 @pytest.mark.slow
@@ -212,3 +225,47 @@ def test_a_relative_model_path_means_the_notebooks_folder_to_the_check_as_to_the
     # templates/user_model.yaml names model_path "../templates": from notebooks/, where kernels run.
     assert main(["sweep", str(REPO / "templates" / "user_model.yaml"), "--out", str(tmp_path), "--dry-run"]) == 0
     assert "8 configurations, 8 to run" in capsys.readouterr().out
+
+
+def test_hf_llama_generates_through_its_own_cache_with_perfkits_columns():
+    """Issue 27's inference acceptance, on counted work (the timed ratios are the benchmark's,
+    benchmarks/inference_latency.py; the suite never times): transformers' StaticCache and the
+    no-cache baseline give the same greedy tokens; a decode step moves at most 1.5x the bytes from
+    prompt 128 to 512 (the weights dominate); prefill FLOP grow with the prompt; without the cache a
+    decode step recomputes the sequence."""
+    from perfkit.measuring.inference import generate as inference
+
+    base = dict(model="hf:llama", model_size=LLAMA_SIZE, batch_size=1, new_tokens=8, device="cpu",
+                threads=1, timed_runs=1, ceilings="none")
+    rows = {name: inference.run_inference(inference.InferenceConfig(**base, **kw))
+            for name, kw in {"cache128": dict(prompt_len=128), "cache512": dict(prompt_len=512),
+                             "full512": dict(prompt_len=512, kv_cache=False)}.items()}
+    for name, row in rows.items():
+        assert row["status"] == "ok", (name, row["error"])
+        assert row["model_family"] == "hf" and row["ttft_s"] > 0 and row["tpot_s"] > 0
+    c128, c512, f512 = rows["cache128"], rows["cache512"], rows["full512"]
+    assert c512["tokens_digest"] == f512["tokens_digest"]
+    assert 1.0 < c512["decode_bytes"] / c128["decode_bytes"] <= 1.5
+    assert 2 <= c512["prefill_flop"] / c128["prefill_flop"] <= 6
+    assert f512["decode_flop"] / c512["decode_flop"] >= 4
+    # Keys and values of 4 layers × 520 positions × 4 kv heads × 64 dims, fp32.
+    assert c512["kv_cache_bytes"] == 2 * 4 * 520 * 4 * 64 * 4
+
+
+def test_inference_refuses_a_model_that_does_not_generate():
+    from perfkit.measuring.inference import generate as inference
+
+    with pytest.raises(BadInputError, match="hf:bert is a masked-lm model"):
+        inference.InferenceConfig(model="hf:bert")
+    with pytest.raises(BadInputError, match="causal LM"):
+        inference.InferenceConfig(model="mlp")
+
+
+def test_an_hf_model_without_the_extra_says_which_to_install(monkeypatch):
+    from perfkit.measuring.workloads import hf
+
+    hf._config_class.cache_clear()
+    hf.task_of.cache_clear()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    with pytest.raises(BadInputError, match=r"need Hugging Face transformers: pip install 'perfkit\[hf\]'"):
+        TrainConfig(model="hf:mistral")

@@ -46,7 +46,9 @@ from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core.status import OK, error_row, raise_for_status  # noqa: F401 - the notebook calls inference.raise_for_status
 from perfkit.measuring.inference import kv_cache as kv
+from perfkit.measuring.workloads import catalog
 from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.workloads.user import UserModelSpec
 
 __all__ = ["WORKLOAD", "PRECISIONS", "CEILINGS", "MODEL_DEFAULTS", "InferenceConfig",
            "configs_from_params", "check_params", "unsupported_reason",
@@ -70,6 +72,11 @@ MODEL_DEFAULTS = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab_size": 512
 class InferenceConfig:
     """One inference configuration. Every field becomes a column of the row."""
 
+    model: str = "transformer"
+    """perfkit's decoder (``transformer``, :data:`MODEL_DEFAULTS`) or a Hugging Face causal LM
+    ``hf:<model_type>`` (random weights from its config; its own KV cache: transformers'
+    ``StaticCache`` where the family compiles full-graph, else ``DynamicCache``;
+    :mod:`perfkit.measuring.inference.hf_steps`)."""
     batch_size: int = 1
     """Sequences generated together (all with the same prompt length, no padding)."""
     prompt_len: int = 128
@@ -91,7 +98,8 @@ class InferenceConfig:
     device and dtype ends the configuration ``skipped`` (a CPU has math and flash)."""
     model_size: Mapping[str, object] = field(default_factory=dict)
     """``TransformerConfig`` fields over :data:`MODEL_DEFAULTS` (``n_layers``, ``d_model``,
-    ``n_heads``, ``vocab_size``, ``mlp_ratio``, ``bias``); ``seq_len`` is P + N, ``seed`` below."""
+    ``n_heads``, ``vocab_size``, ``mlp_ratio``, ``bias``); ``seq_len`` is P + N, ``seed`` below.
+    ``hf:``: the config's fields (``hidden_size``, ``num_hidden_layers``, ...)."""
     warmup_runs: int = 1
     """Untimed generations first (and as many untimed prefills)."""
     timed_runs: int = 3
@@ -130,11 +138,25 @@ class InferenceConfig:
         if {"seq_len", "seed"} & set(self.model_size):
             raise BadInputError("model_size sets neither seq_len (it is prompt_len + new_tokens) "
                                 "nor seed (set seed on the config)")
-        self.spec  # unknown or bad size names fail here, before any work
+        family = catalog.family_of(self.model)
+        if self.model != "transformer" and family != "hf":
+            raise BadInputError(f"inference runs perfkit's 'transformer' or a Hugging Face causal LM "
+                                f"'hf:<model_type>', got {self.model!r}")
+        spec = self.spec  # unknown or bad size names fail here, before any work
+        if family == "hf":
+            from perfkit.measuring.workloads.hf import task_of
+
+            catalog.check(spec)  # the model_type, the config's keys, positions for P + N
+            if task_of(spec.target) != "causal-lm":
+                raise BadInputError(f"{self.model} is a {task_of(spec.target)} model: inference generates "
+                                    "with causal LMs (hf:llama, hf:qwen2, hf:gpt2, ...)")
 
     @property
-    def spec(self) -> workloads.TransformerConfig:
-        """The workload config: :data:`MODEL_DEFAULTS` and ``model_size``, positions for P + N."""
+    def spec(self) -> workloads.TransformerConfig | UserModelSpec:
+        """The workload's spec: :data:`MODEL_DEFAULTS` and ``model_size``, positions for P + N."""
+        if self.model != "transformer":
+            return catalog.make(self.model, self.model_size, seed=self.seed,
+                                seq_len=self.prompt_len + self.new_tokens)
         return workloads.make_spec("transformer", **{**MODEL_DEFAULTS, **self.model_size,
                                                      "seq_len": self.prompt_len + self.new_tokens,
                                                      "seed": self.seed})
@@ -144,8 +166,13 @@ class InferenceConfig:
         row = asdict(self)
         row.pop("model_size")
         spec = self.spec
+        if isinstance(spec, UserModelSpec):
+            row.update({f"model_{k}": v for k, v in spec.sizes.items()}, model_family=spec.family,
+                       **catalog.package_versions(spec.family))
+            return row
         row.update({f"model_{k}": getattr(spec, k) for k in
-                    ("n_layers", "d_model", "n_heads", "vocab_size", "mlp_ratio", "bias")})
+                    ("n_layers", "d_model", "n_heads", "vocab_size", "mlp_ratio", "bias")},
+                   model_family="builtin")
         return row
 
 
@@ -216,27 +243,39 @@ def _threads(threads: int):
 # ---- the model, its prompts and its counted steps ---------------------------------------------
 
 def build_model(cfg: InferenceConfig, device: str | None = None) -> torch.nn.Module:
-    """The GPT of ``cfg`` (weights from ``cfg.seed``) on ``device`` in ``cfg``'s dtype, in eval mode."""
-    work = workloads.build(cfg.spec, device=device or _device(cfg), dtype=PRECISIONS[cfg.precision])
+    """The model of ``cfg`` (weights from ``cfg.seed``) on ``device`` in ``cfg``'s dtype, in eval mode."""
+    work = catalog.build(cfg.spec, device=device or _device(cfg), dtype=PRECISIONS[cfg.precision])
     return work.model.eval()
+
+
+def _vocab_size(cfg: InferenceConfig) -> int:
+    spec = cfg.spec
+    if isinstance(spec, UserModelSpec):
+        from perfkit.measuring.workloads.hf import hf_config
+
+        return int(hf_config(spec)[0].vocab_size)
+    return spec.vocab_size
 
 
 def prompt_tokens(cfg: InferenceConfig, device: str | None = None) -> torch.Tensor:
     """``[batch_size, prompt_len]`` prompt ids drawn from ``cfg.seed`` on the CPU (the same on
     every device and in every precision), then moved to ``device``."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    ids = torch.randint(0, cfg.spec.vocab_size, (cfg.batch_size, cfg.prompt_len), generator=gen)
+    ids = torch.randint(0, _vocab_size(cfg), (cfg.batch_size, cfg.prompt_len), generator=gen)
     return ids.to(device or _device(cfg))
 
 
 # ---- roofs and the roofline placement ---------------------------------------------------------
 
-def _kv_cache_bytes(cfg: InferenceConfig) -> int:
-    """Bytes of the KV cache, allocated whole up front: keys and values of every layer for
-    ``batch_size`` sequences of P + N positions."""
-    spec = cfg.spec
-    return (2 * spec.n_layers * cfg.batch_size * (cfg.prompt_len + cfg.new_tokens) * spec.d_model
-            * PRECISIONS[cfg.precision].itemsize)
+def _kv_cache_bytes(cfg: InferenceConfig, model: torch.nn.Module) -> int:
+    """Bytes of the KV cache of P + N positions for ``batch_size`` sequences: keys and values of
+    every layer (of the key/value heads under grouped-query attention)."""
+    spec, positions, element = cfg.spec, cfg.prompt_len + cfg.new_tokens, PRECISIONS[cfg.precision].itemsize
+    if isinstance(spec, UserModelSpec):
+        from perfkit.measuring.inference.hf_steps import kv_cache_bytes
+
+        return kv_cache_bytes(model, cfg.batch_size, positions, element)
+    return 2 * spec.n_layers * cfg.batch_size * positions * spec.d_model * element
 
 
 def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
@@ -360,7 +399,7 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         "sdpa_backends_available": ", ".join(k for k, v in kv.sdpa_backends(device).items() if v is None),
         "n_params": sum(p.numel() for p in model.parameters()),
         "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "kv_cache_bytes": _kv_cache_bytes(cfg) if cfg.kv_cache else 0,
+        "kv_cache_bytes": _kv_cache_bytes(cfg, model) if cfg.kv_cache else 0,
         # Equal digests: equal greedy tokens (with and without the cache, across precisions).
         "tokens_digest": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
         "roofline_reason": "; ".join(dict.fromkeys(placed)) or None,

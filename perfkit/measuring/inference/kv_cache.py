@@ -37,10 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perfkit.measuring.inference import hf_steps
+
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SDPA_BACKENDS", "NO_KERNEL", "sdpa_backends", "sdpa_context", "KVCache", "CachedGPT",
+__all__ = ["SDPA_BACKENDS", "NO_KERNEL", "sdpa_backends", "sdpa_context", "KVCache", "CachedGPT", "allocate_cache",
            "FullGPT", "default_step", "Generation", "generate", "synchronizer", "count_steps"]
 
 
@@ -152,8 +154,26 @@ class FullGPT(nn.Module):
 
 
 def default_step(model: nn.Module, kv_cache: bool) -> nn.Module:
-    """The eager step of a :func:`generate`: :class:`CachedGPT` or :class:`FullGPT` of ``model``."""
+    """The eager step of a :func:`generate`: :class:`CachedGPT` or :class:`FullGPT` of perfkit's
+    GPT, a Hugging Face causal LM's through its own cache (:mod:`perfkit.measuring.inference.hf_steps`)."""
+    if hf_steps.is_hf(model):
+        return hf_steps.HFCachedStep(model) if kv_cache else hf_steps.HFFullStep(model)
     return CachedGPT(model) if kv_cache else FullGPT(model)
+
+
+def allocate_cache(model: nn.Module, batch_size: int, max_len: int):
+    """A fresh cache of ``max_len`` positions for one generation, allocated before the clock."""
+    if hf_steps.is_hf(model):
+        return hf_steps.allocate_cache(model, batch_size, max_len)
+    return KVCache.allocate(model, batch_size, max_len)
+
+
+def _max_positions(model: nn.Module) -> int | None:
+    return hf_steps.max_positions(model) if hf_steps.is_hf(model) else model.pos_emb.num_embeddings
+
+
+def _vocab_size(model: nn.Module) -> int:
+    return hf_steps.vocab_size(model) if hf_steps.is_hf(model) else model.lm_head.out_features
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -192,12 +212,13 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cach
     """
     batch, prompt_len = prompt.shape
     total = prompt_len + new_tokens
-    if max(total, max_len or 0) > model.pos_emb.num_embeddings:
+    limit = _max_positions(model)
+    if limit is not None and max(total, max_len or 0) > limit:
         raise ValueError(f"{max(total, max_len or 0)} positions (prompt {prompt_len} + {new_tokens} "
-                         f"new tokens) exceed the model's {model.pos_emb.num_embeddings}")
+                         f"new tokens) exceed the model's {limit}")
     sync = synchronize or synchronizer(prompt.device)
     step = default_step(model, kv_cache) if step is None else step
-    cache = KVCache.allocate(model, batch, max(total, max_len or 0)) if kv_cache else None
+    cache = allocate_cache(model, batch, max(total, max_len or 0)) if kv_cache else None
     seq = torch.empty(batch, total, dtype=prompt.dtype, device=prompt.device)
     seq[:, :prompt_len] = prompt
     gaps = [] if margins else None
@@ -230,8 +251,8 @@ def count_steps(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, *
 
     batch, prompt_len = prompt.shape
     step = default_step(model, kv_cache)
-    cache = KVCache.allocate(model, batch, prompt_len + new_tokens) if kv_cache else None
-    vocab = model.lm_head.out_features
+    cache = allocate_cache(model, batch, prompt_len + new_tokens) if kv_cache else None
+    vocab = _vocab_size(model)
     with torch.no_grad():
         out = {"prefill": count_ops(step, prompt, cache, 0)}
         if new_tokens > 1:

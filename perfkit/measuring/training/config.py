@@ -310,9 +310,10 @@ def user_model_skip_reason(cfg: TrainConfig, spec: UserModelSpec) -> str | None:
     """Why a user's model cannot take ``cfg``'s settings (decided from the model built on the
     meta device, before any rank starts), or None."""
     work = catalog.build(spec, device="meta")
-    if cfg.parallelism == "pp":
-        return (f"pp on {spec.name}: pipeline stages of a user's model are not supported yet "
-                "(perfkit's mlp, transformer and convnet split into stages)")
+    if cfg.parallelism == "pp" and work.stage is None:
+        return (f"pp on {spec.name}: perfkit splits its own models and llama-style Hugging Face "
+                "decoders (embed_tokens, layers, norm, rotary_emb, an untied lm_head) into stages; "
+                f"{spec.name} is neither")
     if cfg.parallelism in ("tp", "fsdp_tp"):
         if not work.tp_plan:
             return f"{spec.name} has no tensor-parallel plan (an entry point's tp_plan, a Hugging Face family's _tp_plan)"

@@ -164,10 +164,6 @@ def _meta_workload(spec):
     return catalog.build(spec, device="meta")
 
 
-def _meta_model(spec) -> nn.Module:
-    return _meta_workload(spec).model
-
-
 def predict_for_config(cfg) -> ModelState:
     """:func:`predict_model_state` for a :class:`~perfkit.measuring.training.config.TrainConfig`
     (its model built on the meta device: no memory, no init)."""
@@ -177,7 +173,7 @@ def predict_for_config(cfg) -> ModelState:
     model = work.model
     if cfg.parallelism == "pp":
         return max((predict_model_state(shapes, precision=cfg.precision, parallelism="pp", dp_size=1)
-                    for shapes in _pipeline_rank_shapes(cfg, model)), key=lambda m: m.total_bytes)
+                    for shapes in _pipeline_rank_shapes(cfg, work)), key=lambda m: m.total_bytes)
     local = dict(zip((n for n, _ in model.named_parameters()),
                      local_param_shapes(model, cfg.tp_size, work.tp_plan)))
     # Block shapes after TP: the same plan, by each block's prefix.
@@ -190,22 +186,23 @@ def predict_for_config(cfg) -> ModelState:
                                root_param_shapes=root, gather_bytes=_GATHER_BYTES.get(cfg.fsdp_param_dtype))
 
 
-def _pipeline_rank_shapes(cfg, model: nn.Module) -> list[list[tuple[int, ...]]]:
+def _pipeline_rank_shapes(cfg, work) -> list[list[tuple[int, ...]]]:
     """Per rank, the shapes of the parameters its pipeline stages hold: their blocks, the stem
     on the first stage's rank, the head on the last's (:mod:`perfkit.measuring.training.pipeline_stages`)."""
     from perfkit.measuring.training import pipeline_stages as ps
 
     n_stages = cfg.world_size * cfg.stages_per_rank
-    bounds = ps.stage_bounds(len(model.blocks), n_stages)
-    part = lambda names: [tuple(p.shape) for n in names for p in getattr(model, n).parameters()]  # noqa: E731
+    blocks = work.blocks()
+    bounds = ps.stage_bounds(len(blocks), n_stages)
+    part = lambda names: [tuple(p.shape) for n in names for p in work.model.get_submodule(n).parameters()]  # noqa: E731
     out = []
     for rank in range(cfg.world_size):
         shapes = []
         for stage in ps.rank_stage_indices(cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, rank):
             lo, hi = bounds[stage]
-            shapes += [tuple(p.shape) for b in model.blocks[lo:hi] for p in b.parameters()]
-            shapes += part(model.STEM) if stage == 0 else []
-            shapes += part(model.HEAD) if stage == n_stages - 1 else []
+            shapes += [tuple(p.shape) for b in blocks[lo:hi] for p in b.parameters()]
+            shapes += part(work.stem_names) if stage == 0 else []
+            shapes += part(work.head_names) if stage == n_stages - 1 else []
         out.append(shapes)
     return out
 
@@ -279,7 +276,7 @@ def _pipeline_max_batch(cfg, budget_bytes: float, multiple_of: int) -> int | Non
         return None
     spec = workload_spec(cfg)
     states = [predict_model_state(shapes, precision=cfg.precision, parallelism="pp", dp_size=1).total_bytes
-              for shapes in _pipeline_rank_shapes(cfg, _meta_model(spec))]
+              for shapes in _pipeline_rank_shapes(cfg, _meta_workload(spec))]
 
     def fits(microbatch: int) -> bool:
         peaks = activations.pipeline_rank_bytes(cfg, spec, microbatch)

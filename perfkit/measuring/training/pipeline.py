@@ -50,7 +50,7 @@ from perfkit.core.errors import ConfigurationSkipped
 from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
 from perfkit.measuring.ops import trace_capture
-from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.workloads import catalog
 from perfkit.measuring.training import pipeline_stages as ps
 from perfkit.measuring.training.config import TrainConfig, check_supported, workload_spec
 from perfkit.measuring.training.step import batch_seed, peak_mem_bytes, rank_device, rank_facts, synchronize
@@ -72,14 +72,15 @@ def pipeline_rank(config: dict) -> dict:
     check_supported(cfg)
     rank = dist.get_rank()
     device = rank_device(cfg)
-    work = workloads.build(workload_spec(cfg), device=device)
+    work = catalog.build(workload_spec(cfg), device=device)
     timeline = ps.Timeline(device)
     autocast = torch.bfloat16 if cfg.precision == "bf16" else None
     n_stages = cfg.world_size * cfg.stages_per_rank
-    bounds, stage_cls = ps.stage_bounds(ps.n_blocks(work.spec), n_stages), ps.timed_stage_class()
+    bounds, stage_cls = ps.stage_bounds(len(work.block_names), n_stages), ps.timed_stage_class()
+    stage_module = work.stage or ps.StageModule  # perfkit's models, or the workload's own split
     stages, mine = [], ps.rank_stage_indices(cfg.pp_schedule, cfg.world_size, cfg.stages_per_rank, rank)
     for index in mine:
-        module = ps.StageModule(work.model, *bounds[index], first=index == 0,
+        module = stage_module(work.model, *bounds[index], first=index == 0,
                                 last=index == n_stages - 1, autocast=autocast)
         stages.append(stage_cls(module, index, n_stages, device, timeline=timeline,
                                 delay_s=cfg.stage_delay_s))

@@ -17,6 +17,7 @@ from torch import nn
 
 from perfkit.analyse import pipeline_bubble
 from perfkit.measuring.workloads import synthetic as workloads
+from perfkit.measuring.workloads.user import UserModelSpec
 
 __all__ = ["V_SHAPED", "GLOO_HANGS", "skip_reason", "n_blocks", "StageModule", "stage_bounds",
            "rank_stage_indices", "rank_of_stage", "rank_actions", "Timeline", "timed_stage_class"]
@@ -62,6 +63,10 @@ def skip_reason(cfg, *, blocks: int, device: str) -> str | None:
 
 def n_blocks(spec) -> int:
     """How many blocks the model of workload ``spec`` runs between its stem and head."""
+    if isinstance(spec, UserModelSpec):
+        from perfkit.measuring.workloads import catalog
+
+        return len(catalog.build(spec, device="meta").block_names)
     if isinstance(spec, workloads.TransformerConfig):
         return spec.n_layers
     if isinstance(spec, workloads.MLPConfig):

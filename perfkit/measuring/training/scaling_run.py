@@ -275,7 +275,8 @@ def _ok_row(cfg: ScalingConfig, point: TrainConfig, ranks: list[dict], wall_s: f
                     f"{point.model} {point.parallelism} x{point.world_size} step")
     comp = _measure([r["step_time_samples_s"] for r in compute], point.warmup_steps,
                     f"{point.model} {point.parallelism} x{point.world_size} no-sync step")
-    tokens = point.batch_size * point.seq_len if point.model == "transformer" else math.nan
+    per_sample = synced[0].get("tokens_per_sample")  # the workload's: seq_len of a text model
+    tokens = point.batch_size * per_sample if per_sample else math.nan
     losses = synced[0]["losses"]
     return {
         **_base_row(cfg, point), **step.as_row("step_time"),
@@ -291,6 +292,7 @@ def _ok_row(cfg: ScalingConfig, point: TrainConfig, ranks: list[dict], wall_s: f
         "rank_compute_time_s": [statistics.median(r["step_time_samples_s"]) for r in compute],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in synced),
         "peak_mem_kind": synced[0].get("peak_mem_kind"), "n_params": synced[0].get("n_params"),
+        "model_family": synced[0].get("model_family", "builtin"),
         "loss_first": losses[0], "loss_last": losses[-1],
         "launch_wall_time_s": wall_s,
         "trace_path": synced[0].get("trace_path"), "rank_trace_paths": [r.get("trace_path") for r in synced],

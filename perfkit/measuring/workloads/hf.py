@@ -25,12 +25,13 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from perfkit.core.errors import BadInputError
-from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, non_embedding_params,
+from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, image_task, non_embedding_params,
                                               seed_generator_batch)
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
@@ -53,9 +54,9 @@ def _transformers():
 
 @functools.lru_cache(maxsize=None)
 def _config_class(model_type: str):
+    _transformers()  # first: a missing extra is one line naming it
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
 
-    _transformers()
     if model_type not in CONFIG_MAPPING_NAMES:
         close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING_NAMES), n=5, cutoff=0.6)
         hint = f"; close: {', '.join(close)}" if close else ""
@@ -66,9 +67,9 @@ def _config_class(model_type: str):
 @functools.lru_cache(maxsize=None)
 def task_of(model_type: str) -> str:
     """``causal-lm``, ``masked-lm`` or ``image-classification``: which auto class builds it."""
+    _config_class(model_type)
     from transformers.models.auto import modeling_auto as auto
 
-    _config_class(model_type)
     masked, causal = auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if model_type in causal and model_type not in masked:
         return "causal-lm"
@@ -127,21 +128,9 @@ def _text_batch(vocab_size: int, seq_len: int, causal: bool):
     return batch
 
 
-def _image_batch(channels: int, image_size: int, n_classes: int, seed: int):
-    # perfkit's convnet task: a class prototype (fixed by the model's seed) plus noise.
-    shape = (n_classes, channels, image_size, image_size)
-    prototypes = torch.randn(shape, generator=torch.Generator().manual_seed(1_000_003 + seed))
-
-    def batch(n: int, batch_seed: int):
-        gen = torch.Generator().manual_seed(batch_seed)
-        labels = torch.randint(0, n_classes, (n,), generator=gen)
-        return prototypes[labels] + 0.5 * torch.randn((n, *shape[1:]), generator=gen), labels
-
-    return batch
-
-
 def _logits_loss(output, targets):
-    logits = output.logits.float()
+    # A whole model's output, or a pipeline stage's logits.
+    logits = (output.logits if hasattr(output, "logits") else output).float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -158,6 +147,53 @@ def _tp_plan(model, block_names: tuple[str, ...]) -> dict[str, str] | None:
         candidates = ([f"{head}{i}{tail}" for i in range(len(block_names))] if star else [pattern])
         out.update({name: style for name in candidates if name in names})
     return out or None
+
+
+_DECODER_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+
+
+def _stage_split(model) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(stem, head) module names when ``model`` is a llama-style causal LM that splits into
+    pipeline stages (``base.embed_tokens``, ``base.layers``, ``base.norm``, ``base.rotary_emb``,
+    an untied ``lm_head``: llama, qwen2, mistral, ...), else None."""
+    prefix = getattr(model, "base_model_prefix", "model")
+    base = getattr(model, prefix, None)
+    if base is None or not all(hasattr(base, part) for part in _DECODER_PARTS) or not hasattr(model, "lm_head"):
+        return None
+    if model.lm_head.weight is base.embed_tokens.weight:
+        return None  # tied: the first and last stage would each hold a copy, updated apart
+    return (f"{prefix}.embed_tokens",), (f"{prefix}.norm", "lm_head")
+
+
+class _DecoderStage(torch.nn.Module):
+    """Layers ``[lo, hi)`` of a llama-style decoder as a pipeline stage: the token embedding
+    before them on the first stage, the final norm and the lm head after them on the last; every
+    stage computes the rotary position embeddings itself (no parameters) and attends causally
+    (the family's own mask function, as its model's forward). Input: token ids (first stage) or
+    hidden states; output: hidden states, or the logits (last stage)."""
+
+    def __init__(self, model, lo: int, hi: int, *, first: bool, last: bool, autocast=None):
+        super().__init__()
+        base = getattr(model, model.base_model_prefix)
+        self.layers = torch.nn.ModuleList(base.layers[lo:hi])
+        self.rotary_emb, self.config = base.rotary_emb, model.config
+        self.embed_tokens = base.embed_tokens if first else None
+        self.norm, self.lm_head = (base.norm, model.lm_head) if last else (None, None)
+        self.first, self.last, self.autocast = first, last, autocast
+        self._mask = getattr(sys.modules[type(base).__module__], "create_causal_mask", None)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            hidden = self.embed_tokens(x) if self.first else x
+            positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            rotary = self.rotary_emb(hidden, position_ids=positions)
+            mask = (self._mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
+                               past_key_values=None, position_ids=positions) if self._mask else None)
+            for layer in self.layers:
+                hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
+            if self.last:
+                hidden = self.lm_head(self.norm(hidden))
+        return hidden
 
 
 def _text_flop(model, config, seq_len: int) -> float:
@@ -185,17 +221,19 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
     if task == "image-classification":
         image_size = own.get("image_size", getattr(config, "image_size", 224))
         image_size = image_size if isinstance(image_size, int) else image_size[0]
-        batch = _image_batch(getattr(config, "num_channels", 3), image_size, config.num_labels, spec.seed)
+        batch = image_task(getattr(config, "num_channels", 3), image_size, config.num_labels, spec.seed)
         flop, reason, tokens = math.nan, f"no analytic FLOP model for {spec.name} (6N holds for transformers' matmuls only)", None
     else:
         if spec.seq_len is None:
             raise BadInputError(f"{spec.name} is a text model: it needs seq_len")
         batch = _text_batch(config.vocab_size, spec.seq_len, task == "causal-lm")
         flop, reason, tokens = _text_flop(model, config, spec.seq_len), None, spec.seq_len
+    split = _stage_split(model) if task == "causal-lm" else None
     return Workload(
         spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=_logits_loss,
         n_params=n_params, n_params_non_embedding=non_embedding_params(model),
         flop_per_sample=flop, flop_reason=reason,
         flop_convention=TEXT_FLOP_CONVENTION if reason is None else None,
         tokens_per_sample=tokens, block_names=blocks, tp_plan=_tp_plan(model, blocks), family="hf",
-        _batch=seed_generator_batch(batch))
+        stem_names=split[0] if split else (), head_names=split[1] if split else (),
+        stage=_DecoderStage if split else None, _batch=seed_generator_batch(batch))

@@ -35,7 +35,7 @@ from perfkit.core.errors import BadInputError
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
 __all__ = ["UserModel", "UserModelSpec", "load_entry_point", "build_entry", "find_blocks",
-           "block_names_of", "seed_generator_batch", "non_embedding_params"]
+           "block_names_of", "seed_generator_batch", "non_embedding_params", "image_task"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -191,6 +191,21 @@ def non_embedding_params(model: nn.Module) -> int:
     embedding = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
                     for p in m.parameters(recurse=False))
     return sum(p.numel() for p in model.parameters()) - embedding
+
+
+def image_task(channels: int, image_size: int, n_classes: int, seed: int) -> Callable[[int, int], tuple]:
+    """perfkit's image classification task for a library's classifier (as the convnet's in
+    :mod:`perfkit.measuring.workloads.synthetic`): a class prototype, fixed by the model's seed,
+    plus noise; ``batch(n, seed) -> (images, labels)``."""
+    shape = (n_classes, channels, image_size, image_size)
+    prototypes = torch.randn(shape, generator=torch.Generator().manual_seed(1_000_003 + seed))
+
+    def batch(n: int, batch_seed: int):
+        gen = torch.Generator().manual_seed(batch_seed)
+        labels = torch.randint(0, n_classes, (n,), generator=gen)
+        return prototypes[labels] + 0.5 * torch.randn((n, *shape[1:]), generator=gen), labels
+
+    return batch
 
 
 def seed_generator_batch(make_batch: Callable[[int, int], tuple]) -> Callable[[int, torch.Generator], tuple]:

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from perfkit.core.errors import BadInputError
-from perfkit.measuring.workloads.user import UserModelSpec, find_blocks, non_embedding_params, seed_generator_batch
+from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, image_task, non_embedding_params,
+                                              seed_generator_batch)
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
 __all__ = ["check_torchvision", "build_torchvision"]
@@ -61,14 +62,7 @@ def build_torchvision(spec: UserModelSpec, *, device="cpu", dtype=torch.float32)
     with torch.random.fork_rng(devices=[]), constructing_on(device):
         torch.manual_seed(spec.seed)
         model = _torchvision().models.get_model(spec.target, weights=None, **sizes)
-    n_classes = int(sizes.get("num_classes", 1000))
-    shape = (n_classes, 3, image_size, image_size)
-    prototypes = torch.randn(shape, generator=torch.Generator().manual_seed(1_000_003 + spec.seed))
-
-    def batch(n: int, seed: int):
-        gen = torch.Generator().manual_seed(seed)
-        labels = torch.randint(0, n_classes, (n,), generator=gen)
-        return prototypes[labels] + 0.5 * torch.randn((n, *shape[1:]), generator=gen), labels
+    batch = image_task(3, image_size, int(sizes.get("num_classes", 1000)), spec.seed)
 
     def loss(output, targets):
         logits = output.logits if hasattr(output, "logits") else output  # inception's tuple-like output

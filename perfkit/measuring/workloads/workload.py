@@ -61,6 +61,14 @@ class Workload:
     tp_plan: Mapping[str, object] | None = None
     """Tensor-parallel plan: qualified module name -> ``"colwise"``/``"rowwise"`` or a torch
     ``ParallelStyle``; None: the model has none."""
+    stem_names: tuple[str, ...] = ()
+    head_names: tuple[str, ...] = ()
+    """Pipeline stages: the submodules the first stage runs before its blocks (embeddings) and
+    the last after them (final norm, head); both empty when the model cannot be split into
+    stages (its ``stage`` is None)."""
+    stage: Callable | None = field(default=None, repr=False)
+    """``stage(model, lo, hi, first=, last=, autocast=) -> nn.Module``: blocks ``[lo, hi)`` of
+    ``model`` as a pipeline stage (the stem on the first, the head on the last); None: no pp."""
     family: str = "builtin"
     """One of :data:`FAMILIES`."""
     _batch: Callable[[int, torch.Generator], tuple] = field(repr=False)
