@@ -36,13 +36,23 @@ def _series(df: pd.DataFrame) -> pd.Series:
     if "model_size" in df:  # the demo's bigger pipeline model drew on one line with the small one
         sizes = df["model_size"].map(lambda v: mapping_label(v, empty="default size", sep=" ", sort=False))
         if sizes.nunique() > 1:
-            parts.append(sizes)
+            parts.append(pd.Series([_size_label(m, s, n) for m, s, n in zip(
+                df["model"] if "model" in df else [""] * len(df), sizes,
+                df["n_params"] if "n_params" in df else [None] * len(df))], index=df.index))
     if not parts:
         return pd.Series("all", index=df.index)
     label = parts[0]
     for part in parts[1:]:
         label = label + " " + part
     return label
+
+
+def _size_label(model, sizes: str, n_params) -> str:
+    """A line's size: perfkit's models by their few size fields; a user's model (``hf:llama``,
+    ``pkg.mod:fn``), whose config has dozens, by its parameter count."""
+    if ":" in str(model) and n_params is not None and n_params == n_params:
+        return f"{n_params / 1e6:.3g}M params"
+    return sizes
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
