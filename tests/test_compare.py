@@ -315,6 +315,15 @@ def _loader_side(root: Path, seed: int, **times) -> Path:
     return root
 
 
+def test_a_descriptor_column_one_side_never_recorded_does_not_unmatch_the_points(tmp_path):
+    # Inference rows gained `model` (issue 27): a baseline recorded before it still matches.
+    base = load(_inference_side(tmp_path / "a", 1, ttft_s=1e-2, tpot_s=2e-3)).drop(columns=["model"])
+    new = load(_inference_side(tmp_path / "b", 2, ttft_s=1e-2, tpot_s=2.4e-3))
+    c = compare_frames(base, new)
+    assert set(c.points["metric"]) == {"ttft_s", "tpot_s", "e2e_latency_s"}
+    assert dict(zip(c.points["metric"], c.points["verdict"]))["tpot_s"] == "slower"
+
+
 def test_inference_rows_are_judged_on_ttft_tpot_and_e2e_each_a_point(tmp_path, capsys):
     base = _inference_side(tmp_path / "a", 1, ttft_s=1e-2, tpot_s=2e-3)
     new = _inference_side(tmp_path / "b", 2, ttft_s=1e-2, tpot_s=2.4e-3)  # decode 20 % slower
@@ -330,7 +339,7 @@ def test_inference_rows_are_judged_on_ttft_tpot_and_e2e_each_a_point(tmp_path, c
     table = [line for line in out.splitlines() if line.startswith(("slower", "same"))]
     assert {m for line in table for m in ("ttft_s", "tpot_s", "e2e_latency_s") if f" {m} " in line} == {
         "ttft_s", "tpot_s", "e2e_latency_s"}
-    assert "| 🔴 slower | `inference.ipynb precision=fp32` | tpot_s |" in md.read_text()
+    assert "| 🔴 slower | `inference.ipynb model=transformer precision=fp32` | tpot_s |" in md.read_text()
     assert {p["metric"] for p in json.loads(js.read_text())["points"]} == {"ttft_s", "tpot_s", "e2e_latency_s"}
     only = compare_frames(load(base), load(new), metric="ttft_s")  # the one named, alone
     assert list(only.points["metric"]) == ["ttft_s"] and only.exit_code == 0

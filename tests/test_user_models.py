@@ -108,6 +108,7 @@ def test_activation_checkpointing_of_an_entry_point_recomputes_its_blocks():
     assert no_blocks["status"] == "skipped" and "names none" in no_blocks["error"]
 
 
+@pytest.mark.slow  # real transformers model code, seconds each: outside the inner loop
 @pytest.mark.parametrize("base, precision", [(LLAMA, "fp32"), (LLAMA, "bf16"), (QWEN2, "fp32"),
                                              (QWEN2, "bf16"), (GPT2, "fp32")])
 def test_hf_text_models_count_within_10_percent_of_6n_plus_attention(base, precision):
@@ -132,6 +133,7 @@ def test_hf_llama_analytic_flop_follow_the_config():
     assert work.block_names == tuple(f"model.layers.{i}" for i in range(4))
 
 
+@pytest.mark.slow  # real transformers model code, seconds each: outside the inner loop
 def test_hf_vision_model_trains_with_mfu_nan_and_the_reason():
     row = train_step_benchmark(TrainConfig(**RESNET))
     assert row["status"] == "ok" and row["loss_first"] > 0
@@ -227,6 +229,7 @@ def test_a_relative_model_path_means_the_notebooks_folder_to_the_check_as_to_the
     assert "8 configurations, 8 to run" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # real transformers model code, seconds each: outside the inner loop
 def test_hf_llama_generates_through_its_own_cache_with_perfkits_columns():
     """Issue 27's inference acceptance, on counted work (the timed ratios are the benchmark's,
     benchmarks/inference_latency.py; the suite never times): transformers' StaticCache and the

@@ -158,7 +158,10 @@ class _Matcher:
         both = pd.concat([base, new], ignore_index=True)
         self.skip = {by, *_SIDE_TAGS} | {n for t in both.get("variant_params", pd.Series(dtype=object))
                                          .map(canon).dropna().unique() for n in (_names(t) or ())}
-        self.dcols = [c for c in dict.fromkeys((*DESCRIPTORS, *key)) if c in both and c not in self.skip]
+        # A descriptor one side never recorded (a column a newer perfkit added: inference rows'
+        # ``model``) cannot tell its points apart: it would leave every point unmatched.
+        self.dcols = [c for c in dict.fromkeys((*DESCRIPTORS, *key))
+                      if c in base and c in new and c not in self.skip]
         self.metrics = self._metrics(both, metric, notes)
         self.derived, self.no_samples, self.dropped = Counter(), Counter(), 0
         if any(_names(t) is None for t in both.get("param_names", pd.Series([None])).unique()):
