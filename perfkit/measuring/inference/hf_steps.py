@@ -34,16 +34,17 @@ def vocab_size(model: nn.Module) -> int:
     return int(model.config.vocab_size)
 
 
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def _kv_heads_and_dim(config) -> tuple[int, int]:
+    """Key/value heads (``num_key_value_heads`` under grouped-query attention) and head dim."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return kv_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def kv_cache_bytes(model: nn.Module, batch_size: int, positions: int, element_bytes: int) -> int:
-    """Keys and values of every layer for ``positions`` positions: ``num_key_value_heads`` (grouped
-    query attention) × ``head_dim`` per position and layer."""
-    config = model.config
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * batch_size * positions * kv_heads * _head_dim(config) * element_bytes
+    """Keys and values of every layer for ``positions`` positions: the key/value heads × head dim
+    per position and layer."""
+    kv_heads, head_dim = _kv_heads_and_dim(model.config)
+    return 2 * model.config.num_hidden_layers * batch_size * positions * kv_heads * head_dim * element_bytes
 
 
 def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: bool = True):
@@ -55,9 +56,8 @@ def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: b
         cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
         # Allocate the layers' tensors before the clock starts (StaticCache allocates lazily).
         param = next(model.parameters())
-        config = model.config
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        probe = torch.zeros(batch_size, kv_heads, 1, _head_dim(config), dtype=param.dtype, device=param.device)
+        kv_heads, head_dim = _kv_heads_and_dim(model.config)
+        probe = torch.zeros(batch_size, kv_heads, 1, head_dim, dtype=param.dtype, device=param.device)
         for layer in cache.layers:
             if hasattr(layer, "lazy_initialization"):
                 layer.lazy_initialization(probe, probe)

@@ -309,7 +309,7 @@ def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec | UserModelSpec:
 def user_model_skip_reason(cfg: TrainConfig, spec: UserModelSpec) -> str | None:
     """Why a user's model cannot take ``cfg``'s settings (decided from the model built on the
     meta device, before any rank starts), or None."""
-    work = catalog.build(spec, device="meta")
+    work = catalog.meta(spec)
     if cfg.parallelism == "pp" and work.stage is None:
         return (f"pp on {spec.name}: perfkit splits its own models and llama-style Hugging Face "
                 "decoders (embed_tokens, layers, norm, rotary_emb, an untied lm_head) into stages; "

@@ -161,7 +161,7 @@ def _meta_workload(spec):
     """The workload of ``spec`` on the meta device: shapes, blocks and plan, no memory, no init."""
     from perfkit.measuring.workloads import catalog
 
-    return catalog.build(spec, device="meta")
+    return catalog.meta(spec)
 
 
 def predict_for_config(cfg) -> ModelState:

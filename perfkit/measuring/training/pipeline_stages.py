@@ -66,7 +66,7 @@ def n_blocks(spec) -> int:
     if isinstance(spec, UserModelSpec):
         from perfkit.measuring.workloads import catalog
 
-        return len(catalog.build(spec, device="meta").block_names)
+        return len(catalog.meta(spec).block_names)
     if isinstance(spec, workloads.TransformerConfig):
         return spec.n_layers
     if isinstance(spec, workloads.MLPConfig):

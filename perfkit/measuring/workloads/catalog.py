@@ -25,7 +25,7 @@ from perfkit.measuring.workloads import configs
 from perfkit.measuring.workloads.user import UserModelSpec
 from perfkit.measuring.workloads.workload import Workload
 
-__all__ = ["family_of", "make", "check", "build", "is_builtin", "package_versions"]
+__all__ = ["family_of", "make", "check", "build", "meta", "is_builtin", "package_versions"]
 
 _PREFIXES = {"hf:": "hf", "torchvision:": "torchvision"}
 
@@ -84,9 +84,7 @@ def _check_user(spec: UserModelSpec) -> None:
     else:
         # The entry point is imported and called on the meta device: a module that does not import,
         # a missing function or a result without model/make_batch is refused here, no memory spent.
-        from perfkit.measuring.workloads.user import build_entry
-
-        build_entry(spec, device="meta")
+        meta(spec)
     _CHECKED.add(repr(spec))
 
 
@@ -95,6 +93,20 @@ def check(spec) -> None:
     Perfkit's own configs checked themselves when made; a user's model is resolved here (cached)."""
     if isinstance(spec, UserModelSpec):
         _check_user(spec)
+
+
+#: Workloads built on the meta device in this process, by repr of their spec (sizes may hold lists).
+_META: dict[str, Workload] = {}
+
+
+def meta(spec) -> Workload:
+    """The workload of ``spec`` on the meta device (shapes, blocks, plan; no memory, no init),
+    built once per process: the value check, the skip rules, the memory model and the pipeline's
+    block count all read the same one, and none may change it."""
+    key = repr(spec)
+    if key not in _META:
+        _META[key] = build(spec, device="meta")
+    return _META[key]
 
 
 def build(spec, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Workload:

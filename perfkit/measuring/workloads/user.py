@@ -111,17 +111,16 @@ def _call_entry(spec: UserModelSpec) -> UserModel:
     fn = load_entry_point(spec.target, spec.model_path)
     kwargs = {**spec.sizes, "seed": spec.seed}
     try:
-        params = inspect.signature(fn).parameters
+        signature = inspect.signature(fn)
     except (TypeError, ValueError):
-        params = {}
-    if spec.seq_len is not None and "seq_len" in params and "seq_len" not in kwargs:
-        kwargs["seq_len"] = spec.seq_len
-    try:
-        inspect.signature(fn).bind(**kwargs)
-    except TypeError as err:
-        raise BadInputError(f"entry point {spec.target!r} does not take {sorted(kwargs)}: {err}") from None
-    except ValueError:
-        pass  # no signature to check against (a builtin): let the call say
+        signature = None  # no signature to check against (a builtin): let the call say
+    if signature is not None:
+        if spec.seq_len is not None and "seq_len" in signature.parameters and "seq_len" not in kwargs:
+            kwargs["seq_len"] = spec.seq_len
+        try:
+            signature.bind(**kwargs)
+        except TypeError as err:
+            raise BadInputError(f"entry point {spec.target!r} does not take {sorted(kwargs)}: {err}") from None
     result = fn(**kwargs)
     return _as_user_model(spec.target, result)
 

@@ -21,7 +21,7 @@ from torch import nn
 from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 
-__all__ = ["Workload", "call_model", "map_tensors", "slice_batch", "batch_size_of", "output_loss",
+__all__ = ["Workload", "call_model", "map_tensors", "slice_batch", "output_loss",
            "checkpoint_blocks", "constructing_on", "FAMILIES"]
 
 #: The ``model_family`` column: where a workload's model comes from.
@@ -149,15 +149,6 @@ def slice_batch(tree, lo: int, hi: int):
     """Samples ``[lo, hi)`` of every tensor of ``tree`` (dim 0), as copies: a rank holds its slice
     only, not a view keeping the whole batch alive."""
     return map_tensors(tree, lambda t: t[lo:hi].clone() if t.dim() else t)
-
-
-def batch_size_of(tree) -> int:
-    """Samples in a batch: dim 0 of its first tensor."""
-    found: list[int] = []
-    map_tensors(tree, lambda t: found.append(t.shape[0] if t.dim() else 1) or t)
-    if not found:
-        raise BadInputError("a batch holds no tensor")
-    return found[0]
 
 
 def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
