@@ -7,6 +7,7 @@ Real transformers model code (no download), real gloo ranks. Loss tolerance as t
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import subprocess
 import sys
@@ -76,6 +77,20 @@ def test_a_torchvision_model_says_why_where_torchvision_does_not_import():
         return
     with pytest.raises(BadInputError, match="torchvision built for this torch .* does not import here"):
         TrainConfig(model="torchvision:resnet18")
+
+
+def test_every_row_is_fingerprinted_with_the_model_libraries_installed():
+    # A new transformers can change the model code, and so the numbers, as a new torch can: its
+    # version is in every row's fingerprint (env_transformers), not only in HF rows' own column.
+    import pandas as pd
+
+    from perfkit.core import env
+
+    cols = env.fingerprint_columns(pd.DataFrame([{"device": "cpu"}, {"device": "cpu"}]))
+    assert (cols["env_transformers"] == transformers.__version__).all()
+    installed = importlib.util.find_spec("torchvision") is not None  # imported or not (a CUDA build)
+    assert (cols["env_torchvision"].iloc[0] is None) == (not installed)
+    assert '"transformers": "%s"' % transformers.__version__ in cols["env_json"].iloc[0]
 
 
 def test_an_entry_point_trains_in_one_process_with_its_own_flop_and_blocks():

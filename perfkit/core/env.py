@@ -5,12 +5,15 @@ measured on different software or hardware are never compared without it being v
 fingerprint describes the device *that row measured* (its ``device``/``resolved_device`` column,
 :func:`row_device`), not the first GPU: a ``device="cpu"`` row on a GPU node carries the CPU. The
 CPU facts say which part of the CPU the recording process had: its threads, the logical CPUs of
-its affinity mask and the physical cores they belong to (:mod:`perfkit.core.cpu_share`).
+its affinity mask and the physical cores they belong to (:mod:`perfkit.core.cpu_share`). The
+model libraries a user's model is built from (transformers, torchvision: :data:`MODEL_LIBRARIES`)
+are in it by their installed versions, read from the package metadata without importing them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,7 +30,8 @@ from . import __version__
 from .devices import cpu_clock_hz, cpu_model_name, detect, torch_build
 
 __all__ = ["fingerprint", "fingerprint_id", "PERF_ENV_PREFIXES", "PERF_ENV_NAMES", "flat_columns",
-           "row_device", "fingerprint_columns", "measured_devices", "Described"]
+           "row_device", "fingerprint_columns", "measured_devices", "Described", "MODEL_LIBRARIES",
+           "library_version"]
 
 # Environment variables that change what runs or how fast: collective libraries, threading,
 # device visibility, allocators, compilers.
@@ -89,6 +93,19 @@ def _torch_facts() -> dict:
     return facts
 
 
+#: Libraries a user's model may be built from (perfkit.measuring.workloads): a new version can
+#: change the model code and so the numbers, as a new torch can.
+MODEL_LIBRARIES = ("transformers", "torchvision")
+
+
+def library_version(package: str) -> str | None:
+    """The installed version of ``package`` (its metadata; nothing is imported), None if absent."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _driver() -> str | None:
     """GPU driver version from nvidia-smi or the amdgpu module, when present."""
     try:
@@ -120,6 +137,7 @@ def _static(device: str) -> dict:
         "hostname": socket.gethostname(),
         "perfkit": __version__,
         **_torch_facts(),
+        **{package: library_version(package) for package in MODEL_LIBRARIES},
         "device": info.torch_device,
         "device_kind": info.kind,
         "device_name": info.name,
@@ -216,7 +234,7 @@ def fingerprint_id(facts: dict) -> str:
 
 def flat_columns(facts: dict) -> dict:
     """The fingerprint as row columns: key facts as ``env_*`` columns, the whole as JSON."""
-    keys = ("hostname", "torch", "torch_cuda", "torch_hip", "nccl", "device", "device_kind",
+    keys = ("hostname", "torch", "torch_cuda", "torch_hip", "nccl", *MODEL_LIBRARIES, "device", "device_kind",
             "device_name", "device_count", "device_compute_units", "driver", "cpu_model",
             "cpu_threads", "cpu_cores_counted", "git_sha", "git_dirty", "perfkit", "python")
     cols = {f"env_{k}": facts.get(k) for k in keys}

@@ -26,7 +26,8 @@ __all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", 
            "notebook_compare_dir", "Parts", "comparison_section"]
 
 #: Fingerprint facts whose mix within one plot makes comparisons suspect.
-_COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip")
+_COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip",
+                       "env_transformers", "env_torchvision")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -15,11 +15,11 @@ builds it.
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Mapping
 
 import torch
 
+from perfkit.core import env
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.workloads import configs
 from perfkit.measuring.workloads.user import UserModelSpec
@@ -129,11 +129,7 @@ def build(spec, *, device: str | torch.device = "cpu", dtype: torch.dtype = torc
 
 
 def package_versions(family: str) -> dict[str, str | None]:
-    """The model library's version for a row (``transformers_version``, ``torchvision_version``)."""
+    """The model library's version for a row (``transformers_version``, ``torchvision_version``),
+    beside the fingerprint's ``env_transformers``/``env_torchvision`` of the whole environment."""
     package = {"hf": "transformers", "torchvision": "torchvision"}.get(family)
-    if package is None:
-        return {}
-    try:
-        return {f"{package}_version": importlib.metadata.version(package)}
-    except importlib.metadata.PackageNotFoundError:
-        return {f"{package}_version": None}
+    return {} if package is None else {f"{package}_version": env.library_version(package)}
