@@ -63,6 +63,10 @@ def build(n_features: int = 64, width: int = 128, depth: int = 4, n_classes: int
         "make_batch": make_batch,
         "loss_fn": F.cross_entropy,          # absent: the output is the loss, or has .loss
         "blocks": list(model.blocks),        # absent: no per-block FSDP, no checkpointing, no pp
+        # forward is head(blocks(stem(x))), one tensor between them: pipeline stages split it at
+        # the blocks (absent: no pp).
+        "stem": [model.stem],
+        "head": [model.head],
         "flop_per_sample": 6 * matmul,
         # Megatron pairs: tensor parallel splits fc1 by output features, fc2 by input features.
         "tp_plan": {f"blocks.{i}.{name}": style for i in range(depth)

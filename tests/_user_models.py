@@ -78,3 +78,40 @@ def no_model(seed: int = 0):
 
 def not_a_mapping(seed: int = 0):
     return nn.Linear(2, 2)
+
+
+class _Sequential(nn.Module):
+    """A stem, residual blocks and a head, run in that order: a model pp can split at its blocks."""
+
+    def __init__(self, n_features: int, width: int, depth: int, n_classes: int):
+        super().__init__()
+        self.embed = nn.Linear(n_features, width)
+        self.blocks = nn.ModuleList(_Residual(width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.classifier = nn.Linear(width, n_classes)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.classifier(self.norm(x))
+
+
+def sequential(n_features: int = 16, width: int = 32, depth: int = 4, n_classes: int = 5, seed: int = 0,
+               tuple_inputs: bool = False, centres_on_cpu: bool = True):
+    """Declares its stem and head (a name, a module and a name), so pipeline stages split it at its
+    blocks; ``tuple_inputs``: its batches' inputs as a 1-tuple, which stages cannot pass.
+    ``centres_on_cpu`` False: its class centres are made on the default device, which is the meta
+    device when perfkit checks a configuration, so that check cannot draw a batch (the ranks do)."""
+    model = _Sequential(n_features, width, depth, n_classes)
+    centres = torch.randn(n_classes, n_features, generator=torch.Generator().manual_seed(seed + 11),
+                          device="cpu" if centres_on_cpu else None)
+
+    def make_batch(batch_size: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        labels = torch.randint(0, n_classes, (batch_size,), generator=gen)
+        x = centres[labels] + 0.3 * torch.randn(batch_size, n_features, generator=gen)
+        return ((x,) if tuple_inputs else x), labels
+
+    return {"model": model, "make_batch": make_batch, "loss_fn": F.cross_entropy, "blocks": list(model.blocks),
+            "stem": ["embed"], "head": [model.norm, "classifier"]}

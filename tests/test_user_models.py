@@ -25,6 +25,8 @@ transformers = pytest.importorskip("transformers", reason="perfkit[hf] (transfor
 RTOL = 1e-4
 ENTRY = {"model": "_user_models:recommender", "batch_size": 16, "steps": 5, "warmup_steps": 1,
          "model_size": {"width": 32, "depth": 3}}
+# An entry point that names its stem and head: pp splits it at its blocks.
+SEQUENTIAL = {"model": "_user_models:sequential", "batch_size": 16, "steps": 5, "warmup_steps": 1}
 LLAMA_SIZE = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
               "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 512}
 LLAMA = {"model": "hf:llama", "model_size": LLAMA_SIZE, "batch_size": 4, "seq_len": 32, "steps": 3}
@@ -159,9 +161,12 @@ def test_hf_vision_model_trains_with_mfu_nan_and_the_reason():
 def test_a_setting_a_user_model_cannot_take_is_skipped_with_the_reason():
     pp = run_training(TrainConfig(**GPT2, parallelism="pp", world_size=2, n_microbatches=2))
     assert pp["status"] == "skipped" and "llama-style Hugging Face decoders" in pp["error"]
-    assert "hf:gpt2 is neither" in pp["error"]  # tied embeddings, its own block layout
+    assert "hf:gpt2 is none of these" in pp["error"]  # tied embeddings, its own block layout
     entry = run_training(TrainConfig(**ENTRY, parallelism="pp", world_size=2, n_microbatches=2))
-    assert entry["status"] == "skipped" and "is neither" in entry["error"]
+    assert entry["status"] == "skipped" and "stem, blocks and head" in entry["error"]
+    tupled = run_training(TrainConfig(**SEQUENTIAL, model_size={"tuple_inputs": True}, parallelism="pp",
+                                      world_size=2, n_microbatches=2))
+    assert tupled["status"] == "skipped" and "gives the inputs as a tuple" in tupled["error"]
     tp = run_training(TrainConfig(**RESNET, parallelism="tp", world_size=2))
     assert tp["status"] == "skipped" and "no tensor-parallel plan" in tp["error"]
 
@@ -172,11 +177,13 @@ def parallel_rows():
 
     out = {"entry-none": train_step_benchmark(TrainConfig(**ENTRY)),
            "llama-none": train_step_benchmark(TrainConfig(**LLAMA)),
-           "qwen2-none": train_step_benchmark(TrainConfig(**QWEN2))}
+           "qwen2-none": train_step_benchmark(TrainConfig(**QWEN2)),
+           "sequential-none": train_step_benchmark(TrainConfig(**SEQUENTIAL))}
     pp = {"n_microbatches": 2}
     runs = {"entry-ddp": (ENTRY, "ddp", {}), "entry-zero2": (ENTRY, "zero2", {}), "entry-zero3": (ENTRY, "zero3", {}),
             "llama-ddp": (LLAMA, "ddp", {}), "llama-zero3": (LLAMA, "zero3", {}), "llama-tp": (LLAMA, "tp", {}),
-            "llama-pp": (LLAMA, "pp", pp), "qwen2-zero3": (QWEN2, "zero3", {}), "qwen2-pp": (QWEN2, "pp", pp)}
+            "llama-pp": (LLAMA, "pp", pp), "qwen2-zero3": (QWEN2, "zero3", {}), "qwen2-pp": (QWEN2, "pp", pp),
+            "sequential-pp": (SEQUENTIAL, "pp", pp)}
     cfgs = [TrainConfig(**base, parallelism=p, world_size=2, **extra) for base, p, extra in runs.values()]
     out.update(zip(runs, run_training_shared(cfgs, 600)))
     return out
@@ -184,7 +191,7 @@ def parallel_rows():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["entry-ddp", "entry-zero2", "entry-zero3", "llama-ddp", "llama-zero3", "llama-tp",
-                                  "llama-pp", "qwen2-zero3", "qwen2-pp"])
+                                  "llama-pp", "qwen2-zero3", "qwen2-pp", "sequential-pp"])
 def test_user_models_train_on_two_gloo_ranks_as_in_one_process(parallel_rows, name):
     row, ref = parallel_rows[name], parallel_rows[f"{name.split('-')[0]}-none"]
     assert row["status"] == "ok", row["error"]
@@ -195,6 +202,17 @@ def test_user_models_train_on_two_gloo_ranks_as_in_one_process(parallel_rows, na
         assert row["param_bytes"] < ref["param_bytes"] * 0.7  # sharded, or split into stages, over 2 ranks
     if name.endswith("pp"):
         assert row["pp_stages"] == 2 and 0 < row["bubble_fraction"] < 1
+
+
+@pytest.mark.slow
+def test_inputs_a_pipeline_cannot_pass_are_skipped_by_the_ranks_where_the_check_cannot_tell():
+    # The check's meta build cannot draw this entry point's batch (its class centres were made on
+    # the meta device): the ranks draw the real one and end the configuration skipped, one line.
+    row = run_training(TrainConfig(**SEQUENTIAL, model_size={"tuple_inputs": True, "centres_on_cpu": False},
+                                   parallelism="pp", world_size=2, n_microbatches=2))
+    assert row["status"] == "skipped", row["error"]
+    assert row["error"] == ("pp on _user_models:sequential: stages pass one tensor, and its make_batch "
+                            "gives the inputs as a tuple")
 
 
 @pytest.mark.slow
@@ -232,7 +250,7 @@ def test_perfkit_new_model_scaffolds_an_entry_point_whose_sweep_checks(tmp_path,
     capsys.readouterr()
     # The dry run checks every configuration: the module imports from model_path and builds (meta).
     assert main(["sweep", str(tmp_path / "mynet.yaml"), "--out", str(tmp_path / "runs"), "--dry-run"]) == 0
-    assert "8 configurations, 8 to run" in capsys.readouterr().out
+    assert "9 configurations, 9 to run" in capsys.readouterr().out
     assert main(["new", "my-net", "--model", "--dir", str(tmp_path)]) == 2  # not a module name
 
 
@@ -241,7 +259,7 @@ def test_a_relative_model_path_means_the_notebooks_folder_to_the_check_as_to_the
 
     # templates/user_model.yaml names model_path "../templates": from notebooks/, where kernels run.
     assert main(["sweep", str(REPO / "templates" / "user_model.yaml"), "--out", str(tmp_path), "--dry-run"]) == 0
-    assert "8 configurations, 8 to run" in capsys.readouterr().out
+    assert "9 configurations, 9 to run" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # real transformers model code, seconds each: outside the inner loop

@@ -211,6 +211,8 @@ def _earliest(reports: list[dict]) -> dict | None:
 
 
 def _format_error(report: dict) -> str:
+    if report["error_name"].endswith("ConfigurationSkipped"):  # a reason, not a failure: no traceback
+        return report["message"]
     return f"{report['error_name']}: {report['message']}\n{report['traceback']}"
 
 

@@ -23,7 +23,7 @@ from perfkit.measuring.workloads import catalog
 from perfkit.measuring.workloads import synthetic as workloads
 from perfkit.measuring.workloads.user import UserModelSpec
 
-__all__ = ["TrainConfig", "user_model_skip_reason", "check_params", "compute_dtype_of", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
+__all__ = ["TrainConfig", "user_model_skip_reason", "pipeline_input_reason", "check_params", "compute_dtype_of", "PRECISIONS", "PP_PRECISIONS", "WORKLOAD", "workload_spec", "check_supported", "config_device"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "bf16-pure", "fp8")
 #: Precisions of the pipeline step (autocast around each stage's forward, no GradScaler).
@@ -306,14 +306,30 @@ def workload_spec(cfg: TrainConfig) -> workloads.WorkloadSpec | UserModelSpec:
                         model_path=cfg.model_path)
 
 
+def pipeline_input_reason(name: str, inputs) -> str | None:
+    """Why a batch's ``inputs`` cannot enter a pipeline's first stage (one tensor), or None."""
+    if isinstance(inputs, torch.Tensor):
+        return None
+    return f"pp on {name}: stages pass one tensor, and its make_batch gives the inputs as a {type(inputs).__name__}"
+
+
 def user_model_skip_reason(cfg: TrainConfig, spec: UserModelSpec) -> str | None:
     """Why a user's model cannot take ``cfg``'s settings (decided from the model built on the
     meta device, before any rank starts), or None."""
     work = catalog.meta(spec)
     if cfg.parallelism == "pp" and work.stage is None:
-        return (f"pp on {spec.name}: perfkit splits its own models and llama-style Hugging Face "
-                "decoders (embed_tokens, layers, norm, rotary_emb, an untied lm_head) into stages; "
-                f"{spec.name} is neither")
+        return (f"pp on {spec.name}: perfkit splits its own models, llama-style Hugging Face "
+                "decoders (embed_tokens, layers, norm, rotary_emb, an untied lm_head) and entry "
+                f"points that name their stem, blocks and head into stages; {spec.name} is none of these")
+    if cfg.parallelism == "pp" and work.loss_fn is None:
+        return f"pp on {spec.name}: the last stage's output goes to a loss_fn, and the entry point gives none"
+    if cfg.parallelism == "pp" and spec.family == "entry":
+        try:  # the user's make_batch on the meta build: it may mix meta and CPU tensors and fail
+            inputs = work.make_batch(1, seed=cfg.seed)[0]
+        except Exception:  # noqa: BLE001 - undecided here; pipeline_rank checks the real batch
+            inputs = None
+        if inputs is not None and (reason := pipeline_input_reason(spec.name, inputs)):
+            return reason
     if cfg.parallelism in ("tp", "fsdp_tp"):
         if not work.tp_plan:
             return f"{spec.name} has no tensor-parallel plan (an entry point's tp_plan, a Hugging Face family's _tp_plan)"

@@ -52,7 +52,7 @@ from perfkit.measuring.training import memory_model
 from perfkit.measuring.ops import trace_capture
 from perfkit.measuring.workloads import catalog
 from perfkit.measuring.training import pipeline_stages as ps
-from perfkit.measuring.training.config import TrainConfig, check_supported, workload_spec
+from perfkit.measuring.training.config import TrainConfig, check_supported, pipeline_input_reason, workload_spec
 from perfkit.measuring.training.step import batch_seed, peak_mem_bytes, rank_device, rank_facts, synchronize
 
 __all__ = ["pipeline_rank"]
@@ -102,6 +102,8 @@ def pipeline_rank(config: dict) -> dict:
             t_data = time.perf_counter()
             with trace_capture.data_wait_span():
                 inputs, target = work.make_batch(cfg.batch_size, seed=batch_seed(cfg, step), device=device)
+                if step == 0 and (reason := pipeline_input_reason(cfg.model, inputs)):
+                    raise ConfigurationSkipped(reason)
                 if cfg.data_delay_s:
                     time.sleep(cfg.data_delay_s)
             t_fetched = time.perf_counter()

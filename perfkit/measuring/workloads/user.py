@@ -10,8 +10,12 @@ An entry point is called with ``model_size``'s keys as keyword arguments plus ``
 - optionally ``loss_fn(output, targets)`` (absent: the output is the loss, or has ``.loss``),
   ``blocks`` (the repeated submodules, as modules or qualified names: FSDP2 shards per block,
   activation checkpointing wraps each, pipeline stages split at them), ``tokens_per_sample``,
-  ``flop_per_sample`` (analytic FLOP of one training step per sample, for MFU) and ``tp_plan``
-  (``{"qualified.name": "colwise" | "rowwise" | ParallelStyle}``, torch's ``parallelize_module``).
+  ``flop_per_sample`` (analytic FLOP of one training step per sample, for MFU), ``tp_plan``
+  (``{"qualified.name": "colwise" | "rowwise" | ParallelStyle}``, torch's ``parallelize_module``),
+  and ``stem``/``head`` (the submodules before and after the blocks): a model whose forward is
+  ``head(blocks(stem(x)))``, each a module applied to the previous output of one tensor, names
+  them, and pipeline parallelism splits it at its blocks (:class:`SequentialStage`; it needs a
+  tensor input and ``loss_fn``).
 
 What perfkit cannot know about a user's model (analytic FLOP, an activation model) is NaN with
 the reason, never guessed; counted FLOP, measured memory and traces need nothing from the user.
@@ -19,6 +23,7 @@ the reason, never guessed; counted FLOP, measured memory and traces need nothing
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -34,7 +39,7 @@ from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
-__all__ = ["UserModel", "UserModelSpec", "load_entry_point", "build_entry", "find_blocks",
+__all__ = ["UserModel", "UserModelSpec", "SequentialStage", "load_entry_point", "build_entry", "find_blocks",
            "block_names_of", "seed_generator_batch", "non_embedding_params", "image_task"]
 
 
@@ -56,6 +61,33 @@ class UserModel:
     """Analytic FLOP of one training step (forward + backward) per sample, for MFU."""
     tp_plan: Mapping[str, object] | None = None
     """``{"qualified.name": "colwise" | "rowwise" | ParallelStyle}``."""
+    stem: Sequence[nn.Module | str] | None = None
+    """What the forward runs before the blocks, in order (modules or names): with ``head``, the
+    model is ``head(blocks(stem(x)))`` and pipeline stages split it at its blocks."""
+    head: Sequence[nn.Module | str] | None = None
+    """What the forward runs after the blocks, in order."""
+
+
+class SequentialStage(nn.Module):
+    """Blocks ``[lo, hi)`` of a model whose forward is ``head(blocks(stem(x)))`` (an entry
+    point's ``stem``/``blocks``/``head``), as a pipeline stage: the stem before them on the first
+    stage, the head after them on the last, each module applied to the previous output. A
+    workload's ``stage`` is this class with the three name lists bound (:func:`build_entry`)."""
+
+    def __init__(self, model: nn.Module, lo: int, hi: int, *, first: bool, last: bool, autocast=None,
+                 stem: Sequence[str], blocks: Sequence[str], head: Sequence[str]):
+        super().__init__()
+        part = lambda names: nn.ModuleList(model.get_submodule(n) for n in names)  # noqa: E731
+        self.stem = part(stem if first else ())
+        self.blocks = part(blocks[lo:hi])
+        self.head = part(head if last else ())
+        self.autocast = autocast
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            for module in (*self.stem, *self.blocks, *self.head):
+                x = module(x)
+        return x
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -148,8 +180,10 @@ def _as_user_model(target: str, result) -> UserModel:
     return found
 
 
-def block_names_of(model: nn.Module, blocks: Sequence[nn.Module | str] | None, what: str) -> tuple[str, ...]:
-    """Qualified names of ``blocks`` (modules of ``model`` or names), checked to exist."""
+def block_names_of(model: nn.Module, blocks: Sequence[nn.Module | str] | None, what: str,
+                   kind: str = "blocks") -> tuple[str, ...]:
+    """Qualified names of ``blocks`` (modules of ``model`` or names: the blocks, a stem, a head),
+    checked to exist."""
     if not blocks:
         return ()
     by_id = {id(m): name for name, m in model.named_modules()}
@@ -159,12 +193,12 @@ def block_names_of(model: nn.Module, blocks: Sequence[nn.Module | str] | None, w
             try:
                 model.get_submodule(block)
             except AttributeError:
-                raise BadInputError(f"{what}: block {block!r} is not a submodule of the model") from None
+                raise BadInputError(f"{what}: {kind} {block!r} is not a submodule of the model") from None
             names.append(block)
         elif isinstance(block, nn.Module) and id(block) in by_id and by_id[id(block)]:
             names.append(by_id[id(block)])
         else:
-            raise BadInputError(f"{what}: every block must be a submodule of the model (or its name)")
+            raise BadInputError(f"{what}: every one of {kind} must be a submodule of the model (or its name)")
     return tuple(names)
 
 
@@ -227,6 +261,12 @@ def build_entry(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Wo
     model = user.model
     n_params = sum(p.numel() for p in model.parameters())
     flop = math.nan if user.flop_per_sample is None else float(user.flop_per_sample)
+    what = f"entry point {spec.target!r}"
+    blocks = block_names_of(model, user.blocks, what)
+    stem, head = block_names_of(model, user.stem, what, "stem"), block_names_of(model, user.head, what, "head")
+    stage = None
+    if blocks and (stem or head):  # declared sequential: pp splits it at its blocks
+        stage = functools.partial(SequentialStage, stem=stem, blocks=blocks, head=head)
     return Workload(
         spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=user.loss_fn,
         n_params=n_params, n_params_non_embedding=non_embedding_params(model),
@@ -235,6 +275,6 @@ def build_entry(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Wo
         f"the entry point {spec.target!r} gives no flop_per_sample",
         flop_convention="the entry point's flop_per_sample" if user.flop_per_sample is not None else None,
         tokens_per_sample=user.tokens_per_sample,
-        block_names=block_names_of(model, user.blocks, f"entry point {spec.target!r}"),
+        block_names=blocks, stem_names=stem, head_names=head, stage=stage,
         tp_plan=dict(user.tp_plan) if user.tp_plan else None, family="entry",
         _batch=seed_generator_batch(user.make_batch))
