@@ -73,6 +73,30 @@ def test_bad_configurations_are_refused(kwargs, words):
         ScalingConfig(**kwargs)
 
 
+def test_a_sweep_checks_the_scaling_notebooks_values_before_any_kernel(tmp_path):
+    # notebooks/scaling.ipynb's perfkit.check: its own parameter names through the same
+    # config_from_params its kernel builds with; a bad value exits 2 with one line, nothing written.
+    from perfkit.run.notebooks import check_params, read_notebook
+
+    spec = read_notebook(NOTEBOOKS / "scaling.ipynb")
+    check_params(spec, {"model": "mlp", "world_sizes": [1, 2], "batch": 64})
+    for params, words in [({"model": "hf:lama"}, "no model_type 'lama'; close: llama"),
+                          ({"world_sizes": [1, 3], "batch": 64}, "does not split"),
+                          ({"model": "mpl"}, "unknown model 'mpl'"),
+                          ({"parallelism": "tp"}, "parallelism must be one of")]:
+        with pytest.raises(BadInputError, match=words) as err:
+            check_params(spec, params)
+        assert "\n" not in str(err.value)
+    out = tmp_path / "runs"
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(f"name: s\nparts:\n  - notebook: {NOTEBOOKS / 'scaling.ipynb'}\n    grid:\n"
+                         "      model: [mlp, hf:lama]\n")
+    done = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec_file), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "close: llama" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_weak_scaling_accepts_any_world_size():
     ScalingConfig(train=TINY, world_sizes=[1, 3], mode="weak", batch_size=64)
 

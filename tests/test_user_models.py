@@ -216,6 +216,22 @@ def test_inputs_a_pipeline_cannot_pass_are_skipped_by_the_ranks_where_the_check_
 
 
 @pytest.mark.slow
+def test_hf_llama_scales_over_ranks_with_its_tokens_and_family_in_the_rows():
+    # notebooks/scaling.ipynb's configuration, on a Hugging Face model: FSDP over two ranks (the
+    # baselines' launch is the same code at one rank); tokens/s from the workload's tokens per
+    # sample (seq_len), not NaN, and the row's family the model's (both were lost between rank and row).
+    from perfkit.measuring.training import scaling_run
+
+    cfg = scaling_run.config_from_params(model="hf:llama", model_size=QWEN2["model_size"], seq_len=16,
+                                         parallelism="fsdp", world_sizes=[2], batch=8, steps=3)
+    rows = scaling_run.run_scaling(cfg)
+    assert list(zip(rows["parallelism"], rows["world_size"])) == [("fsdp", 2)]
+    assert (rows["status"] == "ok").all(), rows["reason"].tolist()
+    assert (rows["model_family"] == "hf").all()
+    assert rows["tokens_per_s"].tolist() == pytest.approx((8 * 16 / rows["step_time_s"]).tolist())
+
+
+@pytest.mark.slow
 def test_hf_vision_model_finds_its_oom_edge_under_an_address_space_cap():
     from perfkit.measuring.training.batch_search import find_max_batch_size
 

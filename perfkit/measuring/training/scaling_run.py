@@ -45,6 +45,7 @@ import contextlib
 import math
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -61,7 +62,8 @@ from perfkit.measuring.training.step import train_rank, with_trace_dir
 if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
     import pandas as pd
 
-__all__ = ["ScalingConfig", "run_scaling", "scaling_rank", "raise_if_failed", "WRAPPERS"]
+__all__ = ["ScalingConfig", "run_scaling", "scaling_rank", "raise_if_failed", "WRAPPERS", "config_from_params",
+           "check_params"]
 
 #: Data-parallel wrappers whose gradient synchronisation can be switched off.
 WRAPPERS = ("ddp", "fsdp")
@@ -217,7 +219,7 @@ def _is_straggler(config: dict, point: dict) -> bool:
 
 def _rank_summary(result: dict) -> dict:
     keep = ("step_time_samples_s", "losses", "peak_mem_bytes", "peak_mem_kind", "n_params",
-            "device", "trace_path", "trace_reason", "cpu_share")
+            "tokens_per_sample", "model_family", "device", "trace_path", "trace_reason", "cpu_share")
     return {k: result[k] for k in keep if k in result}
 
 
@@ -353,3 +355,24 @@ def raise_if_failed(rows: pd.DataFrame) -> None:
         first = bad.iloc[0]
         raise ExecutionFailed(status=first["status"], error_name="ScalingLaunchFailed",
                               message=str(first["reason"]))
+
+
+#: The ScalingConfig fields notebooks/scaling.ipynb sets by its own parameter names (``batch`` is
+#: ``batch_size``); its other parameters are TrainConfig fields.
+_SCALING_PARAMETERS = {"world_sizes": "world_sizes", "mode": "mode", "batch": "batch_size",
+                       "threads_per_rank": "threads_per_rank", "timeout_s": "timeout_s",
+                       "straggler_rank": "straggler_rank", "straggler_delay_s": "straggler_delay_s"}
+
+
+def config_from_params(**params) -> ScalingConfig:
+    """The :class:`ScalingConfig` of notebooks/scaling.ipynb's parameters (the notebook builds
+    its configuration with this, and :func:`check_params` checks a sweep's values with it)."""
+    scaling = {field: params.pop(name) for name, field in _SCALING_PARAMETERS.items() if name in params}
+    return ScalingConfig(train=TrainConfig(**params), **scaling)
+
+
+def check_params(params: Mapping[str, object]) -> None:
+    """The value check of notebooks/scaling.ipynb (its metadata ``perfkit.check``): raise
+    :class:`BadInputError` when its parameters make no valid :class:`ScalingConfig` (a model
+    name that does not resolve, a batch that does not split over a world size, ...)."""
+    config_from_params(**dict(params))
