@@ -165,6 +165,39 @@ def _cmd_index(args) -> int:
     return EXIT_OK
 
 
+_IMPORT_HELP = """\
+Read other tools' outputs into DIR as perfkit rows, beside sweeps' rows: the report, compare,
+query and export use them unchanged. One results file per imported file, named by its digest:
+importing a file again adds nothing.
+
+  nccl-tests   nccl-tests/rccl-tests stdout (every *_perf binary, every format since 2021): one
+               row per size and form, perfkit's busbw recomputed beside the printed one (they must
+               agree), #wrong > 0 rows failed. A run without its '# Avg bus bandwidth' line (a
+               hang, a crash, a cut log) is refused; --partial keeps its rows marked failed.
+
+Examples:
+  perfkit import nccl-tests all_reduce.log all_gather.log --out runs/cluster-a
+  perfkit import nccl-tests old.log --op all_gather --out runs/cluster-a
+"""
+
+
+def _cmd_import(args) -> int:
+    from .ingest.store import import_files
+
+    options = {}
+    if args.kind == "nccl-tests":
+        options = {"op": args.op, "world_size": args.world_size, "partial": args.partial}
+    elif args.op or args.world_size or args.partial:
+        raise BadInputError("--op, --world-size and --partial are for nccl-tests")
+    done = import_files(args.kind, args.paths, args.out, **options)
+    for path, n in done.added:
+        print(f"{path}: {n} rows")
+    for path in done.unchanged:
+        print(f"{path}: already imported, nothing added")
+    print(f"{len(done.added)} files imported, {len(done.unchanged)} unchanged → {args.out}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfkit",
@@ -222,6 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", metavar="DIR", help="a results directory (a sweep's --out, a run's --out)")
     p.add_argument("--rebuild", action="store_true", help="rebuild from the files instead of folding changes in")
     p.set_defaults(func=_cmd_index)
+
+    from .ingest.store import KINDS
+
+    p = sub.add_parser("import", help="read nccl-tests/rccl-tests outputs into DIR as perfkit rows",
+                       description=_IMPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", metavar="KIND", help=f"what the files are: {', '.join(KINDS)}")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="the tool's output files")
+    p.add_argument("--out", required=True, metavar="DIR", help="the results directory to add the rows to")
+    p.add_argument("--op", help="nccl-tests: the collective, where the file does not name it (before 2.16.7)")
+    p.add_argument("--world-size", type=int, help="nccl-tests: the ranks, where the file's rank list is cut")
+    p.add_argument("--partial", action="store_true",
+                   help="nccl-tests: keep the rows of a run that did not finish, marked failed")
+    p.set_defaults(func=_cmd_import)
 
     # Imported unguarded: `sweep` and `new` are part of perfkit, and a broken install (a missing
     # dependency, a syntax error) must show its traceback, not a CLI without those commands.

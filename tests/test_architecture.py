@@ -48,6 +48,7 @@ RULES: dict[str, frozenset[str]] = {
     "measuring.inference": frozenset({"core", "analyse", "measuring.kernels", "measuring.ops", "measuring.workloads"}),
     "measuring.data": frozenset({"core", "analyse", "measuring.workloads", "measuring.training"}),
     "run": frozenset({"core"}),
+    "ingest": frozenset({"core", "analyse"}),
     "view.plots": frozenset({"core", "analyse", "view.display"}),
     "view": frozenset({"core", "analyse", "run"}),
     "cli": frozenset({ANYTHING}),

@@ -92,13 +92,16 @@ def _drawable(fit) -> bool:
 
 def _labeller(data: pd.DataFrame):
     """A function key-dict → short label naming only what differs between configurations."""
-    varying = {c for c in ("dtype", "device", "knobs") if c in data and data[c].nunique() > 1}
+    varying = {c for c in ("dtype", "device", "knobs", "env_device_name", "source_path")
+               if c in data and data[c].nunique() > 1}
 
     def label(key: dict) -> str:
         parts = [str(key.get("op", "?")) + (" in-place" if key.get("inplace") else "")]
         if "backend" in key or "world_size" in key:
             parts.append(f"{key.get('backend', '?')}×{whole(key.get('world_size', '?'))}")
-        parts += [str(key[c]) for c in ("dtype", "device") if c in varying]
+        parts += [str(key[c]) for c in ("dtype", "device", "env_device_name") if c in varying]
+        if "source_path" in varying and isinstance(key.get("source_path"), str):
+            parts.append(key["source_path"].rsplit("/", 1)[-1])  # an imported file
         if "knobs" in varying:
             parts.append(knobs_label(key["knobs"]))
         return " ".join(parts)

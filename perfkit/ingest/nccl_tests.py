@@ -1,0 +1,271 @@
+"""nccl-tests and rccl-tests stdout as perfkit's collectives rows.
+
+The table every ``*_perf`` binary prints (``all_reduce_perf -b 8 -e 8G -f 2``), in every format
+generation of ``shared/reference/native/README.md``: before v2.13 (an ``error`` column, no
+``agg iters``), v2.13+ (``#wrong``, a ``root`` column), v2.16.7+ (``# Collective test
+starting: <binary>``), v2.17.4+ (a ``# nccl-tests version`` line), and rccl-tests' variants (a
+``rccl-tests: Version`` line, rank lines without ``Group``). One row per table line and form
+(out-of-place, in-place), in the columns of :mod:`perfkit.measuring.collectives.benchmark`:
+
+- ``time_s`` is nccl-tests' time (the mean over its ``iters``, printed in µs);
+- ``algbw_bytes_per_s`` and ``busbw_bytes_per_s`` are **perfkit's**, recomputed from the size,
+  the time and :func:`perfkit.core.formulas.busbw_factor` at the run's world size; nccl-tests'
+  own printed values are kept beside them (``*_reported_bytes_per_s``), and every row's two
+  busbw must agree within what the printed digits allow, or the file is refused (a wrong world
+  size, a wrong collective, a corrupt line);
+- ``wrong_elements`` is ``#wrong`` (None where the check was off: ``N/A``, or the old ``error``).
+
+The collective is the binary the file names; a file older than v2.16.7 names none, and it is
+inferred where one collective alone fits the columns and the busbw/algbw ratio (``all_reduce``
+at 2(n−1)/n), else the caller passes it (``op=``). A run that did not finish (no
+``# Avg bus bandwidth`` line: a hang, a crash, a cut log) is refused unless ``partial=True``,
+which keeps its rows marked ``failed`` with the reason; rows with ``#wrong`` > 0 are ``failed``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from perfkit.core.errors import BadInputError
+from perfkit.core.formulas import COLLECTIVES, busbw_factor, message_bytes
+
+__all__ = ["ParsedRun", "parse", "BINARIES", "DTYPES"]
+
+#: nccl-tests binaries and the collective each measures (perfkit's names).
+BINARIES = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+            "reduce_scatter_perf": "reduce_scatter", "broadcast_perf": "broadcast",
+            "alltoall_perf": "all_to_all", "sendrecv_perf": "send_recv"}
+#: nccl-tests' type names: (torch dtype name, bytes per element).
+DTYPES = {"int8": ("int8", 1), "char": ("int8", 1), "uint8": ("uint8", 1), "int32": ("int32", 4),
+          "int": ("int32", 4), "uint32": ("uint32", 4), "int64": ("int64", 8), "uint64": ("uint64", 8),
+          "half": ("float16", 2), "float": ("float32", 4), "double": ("float64", 8),
+          "bfloat16": ("bfloat16", 2), "f8e4m3": ("float8_e4m3fn", 1), "f8e5m2": ("float8_e5m2", 1)}
+_REDUCING = ("all_reduce", "reduce_scatter")
+
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+"
+                   r"\[[^\]]*\]\s+(.*?)\s*$")
+_STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
+_VERSION = re.compile(r"^#\s*(nccl|rccl)-tests version\s+(\S+)(?:.*nccl-library=(\d+))?")
+_RCCL_VERSION = re.compile(r"^rccl-tests: Version\s*(\S*)")
+_LIB_VERSION = re.compile(r"(?:NCCL|RCCL) version\s*:?\s*([0-9][^\s]*)")
+_ITERS = re.compile(r"warmup iters:\s*(\d+)\s+iters:\s*(\d+)")
+_FAILURE = re.compile(r"Test (?:\w+ )?failure|[Ff]ailed|error|Error|Abort")
+_FAILURE_TEXT = re.compile(r"(?:\S+:\s*)?Test (?:\w+ )?failure.*")
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+@dataclass
+class ParsedRun:
+    """What one nccl-tests output says: its rows (dicts in perfkit's collectives columns) and
+    the facts of the run (its tool, library, devices and hosts), for the rows' fingerprint."""
+
+    rows: list[dict]
+    facts: dict = field(default_factory=dict)
+    finished: bool = True
+    """False: the run stopped before its summary (``reason`` says how)."""
+    reason: str | None = None
+
+
+def _nccl_version(code: str) -> str:
+    """NCCL_VERSION_CODE (major·10000 + minor·100 + patch since 2.9) as ``2.29.2``."""
+    n = int(code)
+    return f"{n // 10000}.{n // 100 % 100}.{n % 100}" if n >= 20900 else f"{n // 1000}.{n // 100 % 10}.{n % 100}"
+
+
+def _columns(header: str) -> list[str]:
+    """The table's leading columns (before the out-of-place time): size, count, type, [redop], [root]."""
+    names = header.lstrip("#").split()
+    return names[:names.index("time")]
+
+
+def _decimals(text: str) -> int:
+    return len(text.split(".", 1)[1]) if "." in text else 0
+
+
+def _failure(line: str) -> str:
+    """The failure message of a line (the ``host: Test CUDA failure ...`` part where a row was cut)."""
+    m = _FAILURE_TEXT.search(line)
+    return (m.group(0) if m else line).strip()
+
+
+def _split_row(line: str, leading: list[str]) -> dict | None:
+    """One table line as {column: text}, or None if it is not a complete row. The two forms'
+    four columns (time, algbw, busbw, #wrong|error) are read from the right, so a blank column
+    before them (an old alltoall's empty ``redop``) does not shift them."""
+    tokens = line.split()
+    if len(tokens) < 3 + 8 or not tokens[0].isdigit() or not tokens[1].isdigit():
+        return None
+    forms, head = tokens[-8:], tokens[:-8]
+    if not all(re.fullmatch(_NUMBER, t) for i, t in enumerate(forms) if i % 4 != 3):
+        return None
+    cells = dict(zip(leading, head)) if len(head) == len(leading) else None
+    if cells is None:  # a blank column: size, count and type lead, root (an int) is last
+        cells = {"size": head[0], "count": head[1], "type": head[2]}
+        if "root" in leading and len(head) > 3 and re.fullmatch(r"-?\d+", head[-1]):
+            cells["root"] = head[-1]
+    for i, form in enumerate(("oop", "ip")):
+        cells.update({f"{form}_{k}": v for k, v in zip(("time", "algbw", "busbw", "wrong"), forms[4 * i: 4 * i + 4])})
+    return cells
+
+
+def _infer_op(leading: list[str], cells: dict, world_size: int, source: str) -> str:
+    """The collective of a file that does not name it: the one whose busbw/algbw factor at this
+    world size and whose columns fit (a redop: a reduction; a root: broadcast)."""
+    algbw, busbw = float(cells["oop_algbw"]), float(cells["oop_busbw"])
+    candidates = []
+    for op in COLLECTIVES:
+        if op == "send_recv":
+            continue
+        factor = busbw_factor(op, world_size)
+        if abs(busbw - algbw * factor) > 0.006 + 0.006 * factor:
+            continue
+        has_root = "root" in leading and cells.get("root", "-1") != "-1"
+        if (op == "broadcast") != has_root:
+            continue
+        reduces = cells.get("redop") not in (None, "", "none")  # absent or blank: no reduction
+        if reduces != (op in _REDUCING):
+            continue
+        candidates.append(op)
+    if not candidates:
+        raise BadInputError(f"{source} does not name its collective (no '# Collective test starting:' line, "
+                            f"before nccl-tests 2.16.7), and at the {world_size} ranks it lists no collective's "
+                            "busbw/algbw fits: pass the run's --world-size (a cut rank list?) and --op")
+    if len(candidates) > 1:
+        raise BadInputError(f"{source} does not name its collective (no '# Collective test starting:' line, "
+                            f"before nccl-tests 2.16.7), and its columns and busbw/algbw fit {', '.join(candidates)}: "
+                            "pass --op")
+    return candidates[0]
+
+
+def _check_busbw(row: dict, printed_busbw: str, time_text: str, where: str) -> None:
+    """perfkit's busbw and nccl-tests' printed one agree within the printed digits (the time's
+    last digit, the busbw's last digit), or the world size or collective is not the run's."""
+    printed = float(printed_busbw)
+    step = 10.0 ** -_decimals(printed_busbw)
+    mine = row["busbw_bytes_per_s"] / 1e9
+    time_rel = 0.5 * 10.0 ** -_decimals(time_text) / float(time_text) if float(time_text) > 0 else 0.0
+    if abs(mine - printed) > 0.5 * step + mine * time_rel + 1e-9:
+        raise BadInputError(f"{where}: nccl-tests printed busbw {printed_busbw} GB/s, and {row['op']} of "
+                            f"{row['size_bytes']} B in {time_text} us on {row['world_size']} ranks is "
+                            f"{mine:.4f} GB/s: the world size or the collective is not this run's "
+                            "(pass --world-size or --op)")
+
+
+def parse(text: str, *, op: str | None = None, world_size: int | None = None, partial: bool = False,
+          source: str = "the file") -> ParsedRun:
+    """Read one nccl-tests/rccl-tests stdout (module docstring). ``op``: the collective, where
+    the file does not name it; ``world_size``: the ranks, where the file's rank list is cut;
+    ``partial``: keep the rows of a run that did not finish, marked ``failed``."""
+    if op is not None and op not in COLLECTIVES:
+        raise BadInputError(f"--op {op!r}: one of {', '.join(COLLECTIVES)}")
+    if not text.strip():
+        raise BadInputError(f"{source} is empty")
+    facts: dict = {"backend": "nccl"}
+    ranks: dict[int, tuple[str, str]] = {}
+    named_op = iters = leading = None
+    rows_cells: list[tuple[int, dict]] = []
+    failures: list[str] = []
+    finished = False
+    pending: tuple[int, str] | None = None  # a row-like line that did not parse
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip()
+        if m := _VERSION.match(line):
+            facts["backend"], facts["tool_version"] = m.group(1), m.group(2)
+            if m.group(3):
+                facts["nccl"] = _nccl_version(m.group(3))
+        elif m := _RCCL_VERSION.match(line):
+            facts["backend"], facts["tool_version"] = "rccl", m.group(1) if re.search(r"\w", m.group(1)) else None
+        elif m := _STARTING.match(line):
+            if m.group(1) not in BINARIES:
+                raise BadInputError(f"{source} line {number}: {m.group(1)} is not a collective perfkit reads "
+                                    f"({', '.join(BINARIES)})")
+            named_op = BINARIES[m.group(1)]
+        elif m := _RANK.match(line):
+            ranks[int(m.group(1))] = (m.group(2), m.group(3))
+        elif m := _ITERS.search(line):
+            iters = (int(m.group(1)), int(m.group(2)))
+        elif line.startswith("#") and " size " in f" {line.lstrip('#')} " and "count" in line and "time" in line:
+            leading = _columns(line)
+        elif line.startswith("# Avg bus bandwidth"):
+            finished = True
+        elif (m := _LIB_VERSION.search(line)) and "nccl" not in facts:
+            facts["nccl"] = m.group(1).split("+")[0]
+        elif leading is not None and not line.startswith("#") and line.strip():
+            cells = _split_row(line, leading)
+            if cells is not None and pending is None:
+                rows_cells.append((number, cells))
+            elif cells is None and re.match(r"^\s*\d+\s+\d+\s+\w+", line) and pending is None:
+                pending = (number, line.strip())  # a cut row: a failure or the end must follow
+                if _FAILURE.search(line):
+                    failures.append(_failure(line))
+            elif _FAILURE.search(line) and "NCCL INFO" not in line:
+                failures.append(_failure(line))
+            elif pending is not None and cells is not None:
+                raise BadInputError(f"{source} line {pending[0]}: not a row of nccl-tests' table: {pending[1][:80]!r}")
+        elif _FAILURE.search(line) and "NCCL INFO" not in line and not line.startswith("#"):
+            failures.append(_failure(line))
+    if leading is None and failures and (ranks or facts.get("tool_version")):
+        raise BadInputError(f"{source}: the run failed before its table: {failures[0][:160]}")
+    if leading is None:
+        raise BadInputError(f"{source} is not nccl-tests output: no table header "
+                            "('#  size  count  type ... time  algbw  busbw') in it")
+    n = world_size or len(ranks)
+    if n < 1:
+        raise BadInputError(f"{source}: no '#  Rank' lines to count the ranks: pass --world-size")
+    reason = None
+    if not finished:
+        what = failures[0][:160] if failures else "the output stops" + (" after the table header" if not rows_cells else "")
+        reason = (f"the run did not finish ({what}; no '# Avg bus bandwidth' line)"
+                  + (f": {len(rows_cells)} rows before it" if rows_cells else ""))
+        if not rows_cells:
+            raise BadInputError(f"{source}: no result rows: {reason}")
+        if not partial:
+            raise BadInputError(f"{source}: {reason}; its rows are not a complete run (--partial imports "
+                                "them marked failed)")
+    if named_op and op and op != named_op:
+        raise BadInputError(f"{source} is {named_op}'s output (its '# Collective test starting' line), not {op}'s")
+    op = named_op or op or _infer_op(leading, rows_cells[-1][1], n, source)
+    hosts = sorted({h for h, _ in ranks.values()})
+    devices = sorted({d for _, d in ranks.values()})
+    facts.update({"device": "cuda", "device_kind": "rocm" if facts["backend"] == "rccl" else "cuda",
+                  "device_name": devices[0] if len(devices) == 1 else ", ".join(devices) or None,
+                  "device_count": n, "hostname": ", ".join(hosts) or None, "hosts": len(hosts) or None})
+    rows = [_row(cells, op, n, iters, f"{source} line {number}", number) for number, cells in rows_cells]
+    rows = [r for pair in rows for r in pair]
+    for r in rows:
+        if not finished:
+            r["status"], r["reason"] = "failed", reason
+        elif r["wrong_elements"]:
+            r["status"], r["reason"] = "failed", f"nccl-tests counted {r['wrong_elements']} wrong elements"
+        else:
+            r["status"], r["reason"] = "ok", None
+    return ParsedRun(rows=rows, facts=facts, finished=finished, reason=reason)
+
+
+def _row(cells: dict, op: str, n: int, iters, where: str, line: int) -> list[dict]:
+    dtype, elem = DTYPES.get(cells["type"], (cells["type"], None))
+    size, count = int(cells["size"]), int(cells["count"])
+    if elem is not None and size != message_bytes(op, count, elem, n):
+        raise BadInputError(f"{where}: {count} {cells['type']} elements of {op} on {n} ranks are "
+                            f"{message_bytes(op, count, elem, n)} B, the row says {size} B: the world size or "
+                            "the collective is not this run's (pass --world-size or --op)")
+    out = []
+    for form, inplace in (("oop", False), ("ip", True)):
+        time_text = cells[f"{form}_time"]
+        time_s = float(time_text) * 1e-6
+        wrong_text = cells[f"{form}_wrong"]
+        algbw = size / time_s if time_s > 0 else math.nan
+        row = {"workload": "collectives", "op": op, "inplace": inplace, "size_bytes": size, "count": count,
+               "dtype": dtype, "redop": cells.get("redop"), "root": int(cells["root"]) if "root" in cells else None,
+               "world_size": n, "time_s": time_s,
+               "warmup_iters": iters[0] if iters else None, "iters": iters[1] if iters else None,
+               "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * busbw_factor(op, n),
+               "algbw_reported_bytes_per_s": float(cells[f"{form}_algbw"]) * 1e9,
+               "busbw_reported_bytes_per_s": float(cells[f"{form}_busbw"]) * 1e9,
+               "wrong_elements": int(wrong_text) if wrong_text.isdigit() else None, "source_line": line}
+        if time_s > 0:
+            _check_busbw(row, cells[f"{form}_busbw"], time_text, where)
+        out.append(row)
+    return out

@@ -1,0 +1,88 @@
+"""Imported outputs into a results directory, beside sweeps' rows: ``perfkit import KIND PATH...``.
+
+Each imported file becomes one results file, ``DIR/results/import-<kind>-<sha256[:16]>.parquet``,
+named by the file's digest: importing the same file again adds nothing, and a changed file is a
+new import. Every row carries ``source`` (the kind), ``source_path`` and ``source_sha256``; its
+fingerprint describes the run the file recorded (its devices, hosts and library version), not
+the machine that imported it. All files are read before any is written: one bad file (exit 2)
+leaves the directory as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfkit.core.errors import BadInputError
+
+__all__ = ["KINDS", "ImportResult", "import_files"]
+
+
+def _nccl_tests(text: str, source: str, options: dict):
+    from perfkit.ingest.nccl_tests import parse
+
+    return parse(text, source=source, **options)
+
+
+#: What ``perfkit import`` reads: kind -> reader(text, source name, options) -> ParsedRun.
+KINDS: dict[str, Callable] = {"nccl-tests": _nccl_tests}
+
+
+@dataclass
+class ImportResult:
+    added: list[tuple[str, int]] = field(default_factory=list)
+    """(file, rows) for each file imported now."""
+    unchanged: list[str] = field(default_factory=list)
+    """Files already imported into the directory (by digest): nothing added."""
+
+
+def _results_path(out_dir: Path, kind: str, digest: str) -> Path:
+    return out_dir / "results" / f"import-{kind}-{digest[:16]}.parquet"
+
+
+def import_files(kind: str, paths: Sequence[str | Path], out_dir: str | Path, **options) -> ImportResult:
+    """Read every file of ``paths`` as ``kind`` (:data:`KINDS`), then write each one's rows into
+    ``out_dir`` (module docstring). ``options`` go to the reader (nccl-tests: ``op``,
+    ``world_size``, ``partial``)."""
+    import pandas as pd
+
+    from perfkit.core import env
+    from perfkit.core.results import write_rows
+
+    if kind not in KINDS:
+        raise BadInputError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+    if not paths:
+        raise BadInputError("name at least one file to import")
+    out_dir = Path(out_dir)
+    parsed = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise BadInputError(f"{path}: no such file")
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadInputError(f"{path}: not text ({err})") from None
+        digest = hashlib.sha256(data).hexdigest()
+        parsed.append((path, digest, KINDS[kind](text, path.name, options)))
+    done = ImportResult()
+    now = pd.Timestamp.now(tz="UTC")
+    for path, digest, run in parsed:
+        target = _results_path(out_dir, kind, digest)
+        if target.exists():
+            done.unchanged.append(str(path))
+            continue
+        frame = pd.DataFrame(run.rows)
+        frame.insert(0, "config_id", target.stem)
+        facts = {**run.facts, "source": kind}
+        frame = frame.assign(
+            source=kind, source_path=str(path.resolve()), source_sha256=digest,
+            source_tool_version=run.facts.get("tool_version"), backend=run.facts.get("backend"),
+            param_names=json.dumps([]), notebook=None, recorded_at=now,
+            **env.flat_columns(facts))
+        write_rows(frame, target)
+        done.added.append((str(path), len(frame)))
+    return done
