@@ -174,10 +174,15 @@ importing a file again adds nothing.
                row per size and form, perfkit's busbw recomputed beside the printed one (they must
                agree), #wrong > 0 rows failed. A run without its '# Avg bus bandwidth' line (a
                hang, a crash, a cut log) is refused; --partial keeps its rows marked failed.
+  vllm-bench   vllm bench serve --save-result JSON (0.6 to 0.25; appended runs one per line; a
+               `vllm bench sweep` folder): one inference row per run, TTFT/TPOT/ITL/E2E median,
+               mean, std and percentiles in seconds, throughputs, the per-request samples; a run
+               whose every request failed is `failed`, its zeros not read as latencies.
 
 Examples:
   perfkit import nccl-tests all_reduce.log all_gather.log --out runs/cluster-a
   perfkit import nccl-tests old.log --op all_gather --out runs/cluster-a
+  perfkit import vllm-bench results/*.json sweep-dir/ --out runs/serving
 """
 
 
@@ -258,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .ingest.store import KINDS
 
-    p = sub.add_parser("import", help="read nccl-tests/rccl-tests outputs into DIR as perfkit rows",
+    p = sub.add_parser("import", help="read nccl-tests/rccl-tests or vLLM bench outputs into DIR as perfkit rows",
                        description=_IMPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", metavar="KIND", help=f"what the files are: {', '.join(KINDS)}")
     p.add_argument("paths", nargs="+", metavar="PATH", help="the tool's output files")

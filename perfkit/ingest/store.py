@@ -27,8 +27,17 @@ def _nccl_tests(text: str, source: str, options: dict):
     return parse(text, source=source, **options)
 
 
+def _vllm_bench(text: str, source: str, options: dict):
+    from perfkit.ingest.vllm_bench import parse
+
+    return parse(text, source=source, **options)
+
+
 #: What ``perfkit import`` reads: kind -> reader(text, source name, options) -> ParsedRun.
-KINDS: dict[str, Callable] = {"nccl-tests": _nccl_tests}
+KINDS: dict[str, Callable] = {"nccl-tests": _nccl_tests, "vllm-bench": _vllm_bench}
+#: A folder named for a kind stands for these files in it (``vllm bench sweep``'s runs; its
+#: summary.json repeats them).
+_FOLDER_FILES = {"vllm-bench": "run=*.json"}
 
 
 @dataclass
@@ -57,8 +66,17 @@ def import_files(kind: str, paths: Sequence[str | Path], out_dir: str | Path, **
     if not paths:
         raise BadInputError("name at least one file to import")
     out_dir = Path(out_dir)
-    parsed = []
+    files = []
     for path in map(Path, paths):
+        if path.is_dir() and kind in _FOLDER_FILES:
+            found = sorted(path.rglob(_FOLDER_FILES[kind]))
+            if not found:
+                raise BadInputError(f"{path}: a folder without {_FOLDER_FILES[kind]} files")
+            files += found
+        else:
+            files.append(path)
+    parsed = []
+    for path in files:
         if not path.is_file():
             raise BadInputError(f"{path}: no such file")
         data = path.read_bytes()

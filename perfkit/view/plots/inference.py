@@ -25,8 +25,9 @@ __all__ = ["latency_plot", "ttft_vs_prompt", "tpot_vs_batch", "throughput_vs_lat
 
 _WORKLOAD = "inference"
 #: Columns that tell configurations apart, in the order a line label names them.
-_KEYS = ("batch_size", "prompt_len", "new_tokens", "precision", "kv_cache", "compile", "compile_mode",
-         "sdpa_backend", "model_n_layers", "model_d_model", "resolved_device")
+_KEYS = ("model", "engine", "batch_size", "prompt_len", "new_tokens", "precision", "kv_cache", "compile", "compile_mode",
+         "sdpa_backend", "model_n_layers", "model_d_model", "resolved_device",
+         "request_rate_per_s", "max_concurrency")  # the last two: a serving benchmark's load (perfkit import vllm-bench)
 _PHASE_COLORS = {"prefill": "#1f77b4", "decode": "#d62728"}
 _PHASE_TIME = {"prefill": "ttft_s", "decode": "tpot_s"}
 
@@ -43,7 +44,8 @@ def _text(col: str, value) -> str:
     if col == "compile":
         return "compiled" if bool(value) else "eager"
     short = {"batch_size": "batch", "prompt_len": "prompt", "new_tokens": "N",
-             "sdpa_backend": "sdpa", "model_n_layers": "layers", "model_d_model": "d"}
+             "sdpa_backend": "sdpa", "model_n_layers": "layers", "model_d_model": "d",
+             "request_rate_per_s": "rate", "max_concurrency": "concurrency"}
     return f"{short.get(col, col)} {value}" if col in short else str(value)
 
 
