@@ -178,6 +178,10 @@ importing a file again adds nothing.
                `vllm bench sweep` folder): one inference row per run, TTFT/TPOT/ITL/E2E median,
                mean, std and percentiles in seconds, throughputs, the per-request samples; a run
                whose every request failed is `failed`, its zeros not read as latencies.
+  mlperf       MLPerf Training result logs (:::MLLOG): time to train (run_stop - run_start), status
+               from run_stop, hyperparameters, evaluations, tracked throughput.
+  mad          ROCm/MAD perf.csv: one row per run, a column per metric in SI units
+               (median_ttft in ms -> median_ttft_s).
 
 Examples:
   perfkit import nccl-tests all_reduce.log all_gather.log --out runs/cluster-a
@@ -263,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .ingest.store import KINDS
 
-    p = sub.add_parser("import", help="read nccl-tests/rccl-tests or vLLM bench outputs into DIR as perfkit rows",
+    p = sub.add_parser("import", help="read nccl-tests, vLLM bench, MLPerf or MAD outputs into DIR as perfkit rows",
                        description=_IMPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", metavar="KIND", help=f"what the files are: {', '.join(KINDS)}")
     p.add_argument("paths", nargs="+", metavar="PATH", help="the tool's output files")

@@ -33,8 +33,20 @@ def _vllm_bench(text: str, source: str, options: dict):
     return parse(text, source=source, **options)
 
 
+def _mlperf(text: str, source: str, options: dict):
+    from perfkit.ingest.mlperf import parse
+
+    return parse(text, source=source, **options)
+
+
+def _mad(text: str, source: str, options: dict):
+    from perfkit.ingest.mad import parse
+
+    return parse(text, source=source, **options)
+
+
 #: What ``perfkit import`` reads: kind -> reader(text, source name, options) -> ParsedRun.
-KINDS: dict[str, Callable] = {"nccl-tests": _nccl_tests, "vllm-bench": _vllm_bench}
+KINDS: dict[str, Callable] = {"nccl-tests": _nccl_tests, "vllm-bench": _vllm_bench, "mlperf": _mlperf, "mad": _mad}
 #: A folder named for a kind stands for these files in it (``vllm bench sweep``'s runs; its
 #: summary.json repeats them).
 _FOLDER_FILES = {"vllm-bench": "run=*.json"}

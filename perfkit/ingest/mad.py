@@ -1,0 +1,56 @@
+"""ROCm/MAD ``perf.csv`` results as perfkit rows.
+
+madengine writes one line per (model, metric): ``model,performance,metric`` and, in its
+``multiple_results`` form, a ``unit`` and the run's own columns (``tp``, ``inp``, ``out``,
+``max_concurrency``, ``cmd``, ...). Lines that share everything but the metric are one run: one row
+with a column per metric, named and scaled to SI by :mod:`perfkit.ingest.units`
+(``median_ttft`` in ``ms`` → ``median_ttft_s``; ``throughput_tot`` in ``tok/sec`` →
+``throughput_tot_tokens_per_s``); the run's other columns are kept as ``mad_<name>``. A
+``performance`` that is not a number (a failed model) makes its row ``failed`` with the value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+
+from perfkit.core.errors import BadInputError
+from perfkit.ingest.units import si_column
+
+__all__ = ["parse"]
+
+_REQUIRED = ("model", "performance", "metric")
+
+
+def parse(text: str, *, source: str = "the file"):
+    """Read one MAD perf CSV (module docstring) into a ParsedRun."""
+    from perfkit.ingest.nccl_tests import ParsedRun
+
+    if not text.strip():
+        raise BadInputError(f"{source} is empty")
+    reader = csv.DictReader(io.StringIO(text))
+    header = reader.fieldnames or []
+    if missing := [c for c in _REQUIRED if c not in header]:
+        raise BadInputError(f"{source} is not a MAD perf CSV: its header has no {', '.join(missing)} "
+                            f"(it has {', '.join(header[:8])})")
+    runs: dict[tuple, dict] = {}
+    for number, line in enumerate(reader, start=2):
+        if None in line or any(v is None for v in line.values()):
+            raise BadInputError(f"{source} line {number}: {len(header)} columns in the header, not in this line")
+        key = tuple((k, v) for k, v in line.items() if k not in ("performance", "metric", "unit"))
+        row = runs.setdefault(key, {"workload": "mad", "model": line["model"], "status": "ok", "reason": None,
+                                    "source_line": number, "metrics": [],
+                                    **{f"mad_{k}": v for k, v in key if k != "model" and v != ""}})
+        column, factor = si_column(line["metric"], line.get("unit"))
+        try:
+            value = float(line["performance"])
+        except ValueError:
+            row["status"] = "failed"
+            row["reason"] = f"{line['metric']}: performance {line['performance']!r} is not a number"
+            value = math.nan
+        row[column] = value * factor
+        row["metrics"].append(column)
+    if not runs:
+        raise BadInputError(f"{source}: a header and no result lines")
+    return ParsedRun(rows=list(runs.values()), facts={"engine": "mad"})

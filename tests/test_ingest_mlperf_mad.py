@@ -1,0 +1,75 @@
+"""MLPerf Training result logs and ROCm/MAD perf CSVs as perfkit rows (issue 28, readers of native
+outputs), on the real fixtures of ../shared/reference/native; the unit table they share."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from perfkit.core.errors import BadInputError
+from perfkit.ingest import mad, mlperf
+from perfkit.ingest.units import si_column
+
+MLPERF = "mlperf-training-v5.1-amd-mi300x-llama2_70b_lora-result_0.txt"
+MAD = "mad-perf_Kimi-K3-multiple-results.csv"
+
+
+def test_an_mlperf_log_is_one_time_to_train_row_on_mlperfs_own_clock(reference_dir):
+    text = (reference_dir / "native" / MLPERF).read_text()
+    events = [json.loads(line.split(":::MLLOG", 1)[1]) for line in text.splitlines()]
+    (row,) = mlperf.parse(text, source=MLPERF).rows
+    at = {e["key"]: e["time_ms"] for e in reversed(events)}  # first occurrence wins
+    assert row["time_to_train_s"] == pytest.approx((at["run_stop"] - at["run_start"]) / 1e3)
+    assert row["time_to_train_s"] == pytest.approx(2035.848, abs=5e-4)  # the log's own "duration"
+    assert row["status"] == "ok" and row["run_stop_status"] == "success"
+    assert row["benchmark"] == "llama2_70b_lora" and row["submission_platform"] == "1xMI300X"
+    assert row["mlperf_global_batch_size"] == 8 and row["mlperf_lora_rank"] == 16
+    evals = [e for e in events if e["key"] == "eval_accuracy"]
+    assert row["eval_accuracy_samples"] == [e["value"] for e in evals] and len(evals) == 7
+    assert row["eval_samples_count"][-1] == 3840 and row["eval_accuracy"] == evals[-1]["value"]
+    assert len(row["throughput_samples"]) == 7 and 2.11 < row["throughput"] < 2.12
+
+
+def test_an_mlperf_log_that_did_not_finish_or_did_not_succeed_says_so(reference_dir):
+    lines = (reference_dir / "native" / MLPERF).read_text().splitlines()
+    with pytest.raises(BadInputError, match="no run_stop event: the run did not finish"):
+        mlperf.parse("\n".join(lines[:-1]), source=MLPERF)
+    aborted = "\n".join(lines[:-1] + [lines[-1].replace('"status": "success"', '"status": "aborted"')])
+    (row,) = mlperf.parse(aborted, source=MLPERF).rows
+    assert row["status"] == "failed" and "'aborted'" in row["reason"]
+    with pytest.raises(BadInputError, match="line 3: a :::MLLOG line whose JSON does not parse"):
+        mlperf.parse("\n".join(lines[:2] + [lines[2][:60]] + lines[3:]), source=MLPERF)
+    with pytest.raises(BadInputError, match="not an MLPerf result log"):
+        mlperf.parse("hello\n", source="x.txt")
+
+
+def test_a_mad_csv_is_one_row_per_run_with_a_column_per_metric_in_si(reference_dir):
+    text = (reference_dir / "native" / MAD).read_text()
+    lines = list(csv.DictReader(text.splitlines()))
+    (row,) = mad.parse(text, source=MAD).rows  # six metrics of one run
+    assert row["model"] == "Kimi-K3" and row["status"] == "ok" and row["mad_tp"] == "8"
+    for line in lines:
+        column, factor = si_column(line["metric"], line["unit"])
+        assert row[column] == pytest.approx(float(line["performance"]) * factor)
+    assert row["median_ttft_s"] == pytest.approx(0.5289972266182303)
+    assert row["throughput_tot_tokens_per_s"] == pytest.approx(68.20421075018477)
+    assert row["mad_cmd"].count(",") > 0  # the quoted command with its commas, one field
+    failed = text.replace("68.20421075018477", "FAILED", 1)
+    (row,) = mad.parse(failed, source=MAD).rows
+    assert row["status"] == "failed" and "'FAILED' is not a number" in row["reason"]
+    assert math.isnan(row["throughput_tot_tokens_per_s"])
+    with pytest.raises(BadInputError, match="not a MAD perf CSV: its header has no performance, metric"):
+        mad.parse("model,score\nx,1\n", source="x.csv")
+
+
+@pytest.mark.parametrize("metric, unit, column, factor", [
+    ("median_ttft", "ms", "median_ttft_s", 1e-3), ("throughput", "tok/sec", "throughput_tokens_per_s", 1.0),
+    ("perf", "samples_per_second", "perf_samples_per_s", 1.0), ("bw", "GB/s", "bw_bytes_per_s", 1e9),
+    ("latency", "us", "latency_s", 1e-6), ("mfu", "%", "mfu_percent", 1.0),
+    ("time_to_train", "min", "time_to_train_s", 60.0), ("x", "widgets", "x_widgets", 1.0),
+])
+def test_units_become_perfkit_suffixes_and_si_factors(metric, unit, column, factor):
+    assert si_column(metric, unit) == (column, factor)
