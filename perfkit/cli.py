@@ -170,7 +170,8 @@ Read other tools' outputs into DIR as perfkit rows, beside sweeps' rows: the rep
 query and export use them unchanged. One results file per imported file, named by its digest:
 importing a file again adds nothing.
 
-  nccl-tests   nccl-tests/rccl-tests stdout (every *_perf binary, every format since 2021): one
+  nccl-tests   nccl-tests/rccl-tests stdout (every *_perf binary, every format since 2021; rccl-tests'
+               --output_file JSON lines too): one
                row per size and form, perfkit's busbw recomputed beside the printed one (they must
                agree), #wrong > 0 rows failed. A run without its '# Avg bus bandwidth' line (a
                hang, a crash, a cut log) is refused; --partial keeps its rows marked failed.

@@ -177,3 +177,21 @@ def test_the_report_draws_imported_runs_one_line_per_file_and_device(reference_d
     assert done.returncode == 0, done.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Collective bus bandwidth" in html and "AMD Instinct MI100" in html
+
+
+def test_rccl_tests_json_lines_read_with_perfkits_busbw_equal_to_the_records(reference_dir):
+    import json
+
+    name = "rccl-tests-pr93-output_file-json-lines-excerpt.jsonl"
+    text = _text(reference_dir, name)
+    records = [json.loads(line) for line in text.splitlines()]
+    run = nccl_tests.parse(text, source=name)
+    assert len(run.rows) == len(records) == 5 and run.facts["backend"] == "rccl"
+    for row, rec in zip(run.rows, records):
+        assert (row["op"], row["world_size"], row["inplace"], row["size_bytes"]) == ("all_reduce", 4, bool(rec["inPlace"]),
+                                                                                     rec["size"])
+        assert row["busbw_bytes_per_s"] == pytest.approx(rec["busBw"] * 1e9, rel=1e-9)
+        assert row["time_s"] == pytest.approx(rec["time"] * 1e-6) and row["wrong_elements"] == 0
+    # A record whose busBw is not its collective's at its rank count is refused, naming it.
+    with pytest.raises(BadInputError, match="record 1: busBw .* is not all_reduce of 1024 B .* on 8 ranks"):
+        nccl_tests.parse(text, source=name, world_size=8)

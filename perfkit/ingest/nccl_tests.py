@@ -4,7 +4,10 @@ The table every ``*_perf`` binary prints (``all_reduce_perf -b 8 -e 8G -f 2``), 
 generation of ``shared/reference/native/README.md``: before v2.13 (an ``error`` column, no
 ``agg iters``), v2.13+ (``#wrong``, a ``root`` column), v2.16.7+ (``# Collective test
 starting: <binary>``), v2.17.4+ (a ``# nccl-tests version`` line), and rccl-tests' variants (a
-``rccl-tests: Version`` line, rank lines without ``Group``). One row per table line and form
+``rccl-tests: Version`` line, rank lines without ``Group``); and rccl-tests' ``--output_file``
+JSON lines (one object per size and form: ``name``, ``size``, ``time`` in µs, ``algBw``,
+``busBw``, ``#wrong``, ``gpus``; rccl-tests PR #93). nccl-tests' own ``-J`` JSON (v2.17.3+) is
+refused with that reason: no real file of it was found to test a reader on. One row per table line and form
 (out-of-place, in-place), in the columns of :mod:`perfkit.measuring.collectives.benchmark`:
 
 - ``time_s`` is nccl-tests' time (the mean over its ``iters``, printed in µs);
@@ -162,6 +165,8 @@ def parse(text: str, *, op: str | None = None, world_size: int | None = None, pa
         raise BadInputError(f"--op {op!r}: one of {', '.join(COLLECTIVES)}")
     if not text.strip():
         raise BadInputError(f"{source} is empty")
+    if text.lstrip().startswith(("{", "[")):
+        return _parse_json_lines(text, op=op, world_size=world_size, source=source)
     facts: dict = {"backend": "nccl"}
     ranks: dict[int, tuple[str, str]] = {}
     named_op = iters = leading = None
@@ -269,3 +274,62 @@ def _row(cells: dict, op: str, n: int, iters, where: str, line: int) -> list[dic
             _check_busbw(row, cells[f"{form}_busbw"], time_text, where)
         out.append(row)
     return out
+
+
+#: rccl-tests' JSON ``name`` -> perfkit's collective.
+_JSON_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+               "broadcast": "broadcast", "alltoall": "all_to_all", "sendrecv": "send_recv"}
+
+
+def _parse_json_lines(text: str, *, op, world_size, source: str) -> ParsedRun:
+    import json
+
+    try:
+        whole = json.loads(text)
+        objects = whole if isinstance(whole, list) else [whole]
+    except json.JSONDecodeError:
+        objects = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    objects.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise BadInputError(f"{source} line {number}: not JSON ({err.msg})") from None
+    if any(isinstance(o, dict) and "results" in o and "version" in o for o in objects):
+        raise BadInputError(f"{source} is nccl-tests' own -J JSON, which perfkit does not read yet: import "
+                            "the run's stdout instead")
+    rows = []
+    for i, obj in enumerate(objects, start=1):
+        need = ("name", "size", "time", "busBw", "inPlace", "type")
+        if not isinstance(obj, dict) or any(k not in obj for k in need):
+            raise BadInputError(f"{source} record {i}: not an rccl-tests JSON result (needs {', '.join(need)})")
+        name = _JSON_NAMES.get(str(obj["name"]).lower())
+        if name is None:
+            raise BadInputError(f"{source} record {i}: {obj['name']!r} is not a collective perfkit reads")
+        if op is not None and op != name:
+            raise BadInputError(f"{source} is {name}'s output (its records' name), not {op}'s")
+        n = world_size or int(obj.get("gpus") or 0)
+        if n < 1:
+            raise BadInputError(f"{source} record {i}: no 'gpus' to count the ranks: pass --world-size")
+        dtype, elem = DTYPES.get(obj["type"], (obj["type"], None))
+        size, time_s = int(obj["size"]), float(obj["time"]) * 1e-6
+        algbw = size / time_s if time_s > 0 else math.nan
+        wrong = str(obj.get("#wrong", ""))
+        row = {"workload": "collectives", "op": name, "inplace": bool(int(obj["inPlace"])), "size_bytes": size,
+               "count": size // elem if elem else None, "dtype": dtype, "redop": obj.get("redop"), "root": obj.get("root"),
+               "world_size": n, "time_s": time_s, "warmup_iters": None, "iters": None,
+               "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * busbw_factor(name, n),
+               "algbw_reported_bytes_per_s": float(obj["algBw"]) * 1e9 if "algBw" in obj else None,
+               "busbw_reported_bytes_per_s": float(obj["busBw"]) * 1e9,
+               "wrong_elements": int(wrong) if wrong.isdigit() else None, "source_line": i}
+        # Unrounded numbers: the two busbw agree to floating-point precision, or n is not the run's.
+        if time_s > 0 and not math.isclose(row["busbw_bytes_per_s"], row["busbw_reported_bytes_per_s"], rel_tol=1e-6):
+            raise BadInputError(f"{source} record {i}: busBw {obj['busBw']} GB/s is not {name} of {size} B in "
+                                f"{obj['time']} us on {n} ranks ({row['busbw_bytes_per_s'] / 1e9:.6g} GB/s)")
+        row["status"], row["reason"] = (("failed", f"rccl-tests counted {row['wrong_elements']} wrong elements")
+                                        if row["wrong_elements"] else ("ok", None))
+        rows.append(row)
+    if not rows:
+        raise BadInputError(f"{source}: no records")
+    facts = {"backend": "rccl", "device": "cuda", "device_kind": "rocm", "device_count": rows[0]["world_size"]}
+    return ParsedRun(rows=rows, facts=facts)
