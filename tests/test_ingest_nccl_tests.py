@@ -29,6 +29,7 @@ CLEAN = {
 # Files older than v2.16.7 whose columns and busbw/algbw fit more than one collective: --op.
 NEEDS_OP = {"nccl-tests-legacy-a100-8gpu-allgather-superbench.log": "all_gather",
             "nccl-tests-legacy-a100-8gpu-alltoall-superbench.log": "all_to_all"}
+MLPERF_LOG = "mlperf-training-v5.1-amd-mi300x-llama2_70b_lora-result_0.txt"
 ROW = re.compile(r"^\s*\d+\s+\d+\s+\w+\s")
 
 
@@ -126,14 +127,15 @@ def _perfkit(*args, timeout=120):
                           timeout=timeout)
 
 
-def test_perfkit_import_adds_each_file_once_and_refuses_bad_files_with_one_line(reference_dir, tmp_path):
+def test_perfkit_import_adds_each_file_once_and_refuses_bad_files_with_one_line(reference_dir, tmp_path, capsys):
     import perfkit
+    from perfkit.cli import main
 
     native = reference_dir / "native"
     out = tmp_path / "runs"
     files = [native / n for n in ("nccl-tests-nccl2.21.5-h100-2node-16rank-allreduce.txt",
                                   "rccl-tests-3f7f785-mi100-2gpu-allreduce.txt")]
-    done = _perfkit("import", "nccl-tests", *map(str, files), "--out", str(out))
+    done = _perfkit("import", "nccl-tests", *map(str, files), "--out", str(out))  # the real command, once
     assert done.returncode == 0, done.stderr
     assert "2 files imported, 0 unchanged" in done.stdout
     rows = perfkit.load(out)
@@ -141,20 +143,23 @@ def test_perfkit_import_adds_each_file_once_and_refuses_bad_files_with_one_line(
     by_device = rows.groupby("env_device_name")["env_fingerprint_id"].nunique()
     assert dict(by_device) == {"NVIDIA H100 80GB HBM3": 1, "AMD Instinct MI100": 1}  # the run's, not this machine's
     assert set(rows["source_sha256"].str.len()) == {64} and rows["source_path"].str.endswith((".txt",)).all()
-    again = _perfkit("import", "nccl-tests", str(files[0]), "--out", str(out))
-    assert again.returncode == 0 and "already imported, nothing added" in again.stdout
+    assert main(["import", "nccl-tests", str(files[0]), "--out", str(out)]) == 0
+    assert "already imported, nothing added" in capsys.readouterr().out
     assert len(perfkit.load(out)) == 60
     # Bad input: exit 2, one line, nothing written (a good file named with a bad one included).
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     for bad, says in [(native / "rccl-tests-3f7f785-mi100-2gpu-allreduce-hang.txt", "no result rows"),
                       (native / "vllm-0.25.1-bench-serve-opt125m-cpu.json", "is not nccl-tests output"),
+                      (native / MLPERF_LOG, "is not nccl-tests output: no table header"),
                       (empty, "is empty"), (tmp_path / "missing.txt", "no such file")]:
         fresh = tmp_path / "fresh"
-        failed = _perfkit("import", "nccl-tests", str(files[0]), str(bad), "--out", str(fresh))
-        assert failed.returncode == 2 and says in failed.stderr, failed.stderr
-        assert len(failed.stderr.strip().splitlines()) == 1 and not fresh.exists()
-    assert _perfkit("import", "vllm", str(files[0]), "--out", str(out)).returncode == 2
+        assert main(["import", "nccl-tests", str(files[0]), str(bad), "--out", str(fresh)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
+        assert not fresh.exists()
+    assert main(["import", "vllm", str(files[0]), "--out", str(out)]) == 2
+    assert "unknown kind 'vllm'" in capsys.readouterr().err
 
 
 def test_the_report_draws_imported_runs_one_line_per_file_and_device(reference_dir, tmp_path):
@@ -173,9 +178,9 @@ def test_the_report_draws_imported_runs_one_line_per_file_and_device(reference_d
     # > 0) are not drawn as measurements.
     assert any("NVIDIA GH200 120GB" in label or "nccl×2" in label for label in labels), labels
     assert any("AMD Instinct MI100" in label or "rccl×2" in label for label in labels), labels
-    done = _perfkit("report", str(tmp_path), "-o", str(tmp_path / "r.html"), timeout=300)
-    assert done.returncode == 0, done.stderr
-    html = (tmp_path / "r.html").read_text()
+    from perfkit.view.report import write_report
+
+    html = write_report(tmp_path, tmp_path / "r.html").read_text()
     assert "Collective bus bandwidth" in html and "AMD Instinct MI100" in html
 
 

@@ -302,7 +302,8 @@ def _parse_json_lines(text: str, *, op, world_size, source: str) -> ParsedRun:
     for i, obj in enumerate(objects, start=1):
         need = ("name", "size", "time", "busBw", "inPlace", "type")
         if not isinstance(obj, dict) or any(k not in obj for k in need):
-            raise BadInputError(f"{source} record {i}: not an rccl-tests JSON result (needs {', '.join(need)})")
+            raise BadInputError(f"{source} is not nccl-tests output: its JSON record {i} is not an rccl-tests "
+                                f"result (needs {', '.join(need)})")
         name = _JSON_NAMES.get(str(obj["name"]).lower())
         if name is None:
             raise BadInputError(f"{source} record {i}: {obj['name']!r} is not a collective perfkit reads")
