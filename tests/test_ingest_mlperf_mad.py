@@ -11,7 +11,7 @@ import pytest
 
 from perfkit.core.errors import BadInputError
 from perfkit.ingest import mad, mlperf
-from perfkit.ingest.units import si_column
+from perfkit.core.units import si_column
 
 MLPERF = "mlperf-training-v5.1-amd-mi300x-llama2_70b_lora-result_0.txt"
 MAD = "mad-perf_Kimi-K3-multiple-results.csv"

@@ -3,7 +3,7 @@
 madengine writes one line per (model, metric): ``model,performance,metric`` and, in its
 ``multiple_results`` form, a ``unit`` and the run's own columns (``tp``, ``inp``, ``out``,
 ``max_concurrency``, ``cmd``, ...). Lines that share everything but the metric are one run: one row
-with a column per metric, named and scaled to SI by :mod:`perfkit.ingest.units`
+with a column per metric, named and scaled to SI by :mod:`perfkit.core.units`
 (``median_ttft`` in ``ms`` → ``median_ttft_s``; ``throughput_tot`` in ``tok/sec`` →
 ``throughput_tot_tokens_per_s``); the run's other columns are kept as ``mad_<name>``. A
 ``performance`` that is not a number (a failed model) makes its row ``failed`` with the value.
@@ -16,7 +16,7 @@ import io
 import math
 
 from perfkit.core.errors import BadInputError
-from perfkit.ingest.units import si_column
+from perfkit.core.units import si_column
 
 __all__ = ["parse"]
 
