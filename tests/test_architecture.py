@@ -47,6 +47,7 @@ RULES: dict[str, frozenset[str]] = {
     "measuring.training": frozenset({"core", "analyse", "run.launch", "measuring.workloads", "measuring.ops"}),
     "measuring.inference": frozenset({"core", "analyse", "measuring.kernels", "measuring.ops", "measuring.workloads"}),
     "measuring.data": frozenset({"core", "analyse", "measuring.workloads", "measuring.training"}),
+    "measuring.script": frozenset({"core"}),
     "run": frozenset({"core"}),
     "ingest": frozenset({"core", "analyse"}),
     "view.plots": frozenset({"core", "analyse", "view.display"}),

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from .errors import ConfigurationSkipped, ExecutionFailed
 
-__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "error_row", "FINISHED",
+__all__ = ["STATUSES", "OK", "FAILED", "OOM", "TIMEOUT", "KILLED", "SKIPPED", "status_for_error", "is_oom_text", "error_row", "FINISHED",
            "OutOfMemoryError", "raise_for_status"]
 
 OK, FAILED, OOM, TIMEOUT, KILLED, SKIPPED = "ok", "failed", "oom", "timeout", "killed", "skipped"
@@ -38,6 +38,12 @@ def error_row(base: Mapping, error: BaseException) -> dict:
         return {**base, "status": SKIPPED, "error": error.reason}
     name = f"{type(error).__module__}.{type(error).__qualname__}"
     return {**base, "status": status_for_error(name, str(error)), "error": f"{name}: {error}"}
+
+
+def is_oom_text(text: str) -> bool:
+    """Whether ``text`` (an error message, a process's output) reports an allocator running out:
+    torch's CPU allocator, CUDA, HIP, the OS."""
+    return bool(_OOM_TEXT.search(text or ""))
 
 
 def status_for_error(error_name: str, message: str = "") -> str:
