@@ -16,6 +16,7 @@ import io
 import math
 
 from perfkit.core.errors import BadInputError
+from perfkit.ingest.parsed import ParsedRun
 from perfkit.core.units import si_column
 
 __all__ = ["parse"]
@@ -25,8 +26,6 @@ _REQUIRED = ("model", "performance", "metric")
 
 def parse(text: str, *, source: str = "the file"):
     """Read one MAD perf CSV (module docstring) into a ParsedRun."""
-    from perfkit.ingest.nccl_tests import ParsedRun
-
     if not text.strip():
         raise BadInputError(f"{source} is empty")
     reader = csv.DictReader(io.StringIO(text))

@@ -15,6 +15,7 @@ import json
 import statistics
 
 from perfkit.core.errors import BadInputError
+from perfkit.ingest.parsed import ParsedRun
 
 __all__ = ["parse"]
 
@@ -23,8 +24,6 @@ _PREFIX = ":::MLLOG"
 
 def parse(text: str, *, source: str = "the file"):
     """Read one MLPerf Training result log (module docstring) into a ParsedRun."""
-    from perfkit.ingest.nccl_tests import ParsedRun
-
     events = []
     for number, line in enumerate(text.splitlines(), start=1):
         at = line.find(_PREFIX)

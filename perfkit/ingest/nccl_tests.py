@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 
 from perfkit.core.errors import BadInputError
 from perfkit.core.formulas import COLLECTIVES, busbw_factor, message_bytes
+from perfkit.ingest.parsed import ParsedRun
 
-__all__ = ["ParsedRun", "parse", "BINARIES", "DTYPES"]
+__all__ = ["parse", "BINARIES", "DTYPES"]
 
 #: nccl-tests binaries and the collective each measures (perfkit's names).
 BINARIES = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
@@ -57,18 +57,6 @@ _ITERS = re.compile(r"warmup iters:\s*(\d+)\s+iters:\s*(\d+)")
 _FAILURE = re.compile(r"Test (?:\w+ )?failure|[Ff]ailed|error|Error|Abort")
 _FAILURE_TEXT = re.compile(r"(?:\S+:\s*)?Test (?:\w+ )?failure.*")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-
-
-@dataclass
-class ParsedRun:
-    """What one nccl-tests output says: its rows (dicts in perfkit's collectives columns) and
-    the facts of the run (its tool, library, devices and hosts), for the rows' fingerprint."""
-
-    rows: list[dict]
-    facts: dict = field(default_factory=dict)
-    finished: bool = True
-    """False: the run stopped before its summary (``reason`` says how)."""
-    reason: str | None = None
 
 
 def _nccl_version(code: str) -> str:

@@ -89,6 +89,8 @@ def import_files(kind: str, paths: Sequence[str | Path], out_dir: str | Path, **
             files.append(path)
     parsed = []
     for path in files:
+        if path.is_dir():
+            raise BadInputError(f"{path} is a folder: name the {kind} output files in it")
         if not path.is_file():
             raise BadInputError(f"{path}: no such file")
         data = path.read_bytes()

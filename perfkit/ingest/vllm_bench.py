@@ -30,6 +30,7 @@ import re
 import statistics
 
 from perfkit.core.errors import BadInputError
+from perfkit.ingest.parsed import ParsedRun
 
 __all__ = ["parse", "METRICS"]
 
@@ -119,8 +120,6 @@ def _row(obj: dict) -> dict:
 
 def parse(text: str, *, source: str = "the file"):
     """Read one vLLM benchmark result file (module docstring) into a ParsedRun."""
-    from perfkit.ingest.nccl_tests import ParsedRun
-
     objects = _objects(text, source)
     rows = [_row(obj) for obj in objects]
     facts = {"engine": "vllm"}  # a result file names no device, host or vLLM version

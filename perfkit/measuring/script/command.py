@@ -245,4 +245,4 @@ def check_params(params: Mapping[str, object]) -> None:
     """The value check of notebooks/script.ipynb (its metadata ``perfkit.check``), run from the
     notebook's folder as its kernel is: the command exists, the mapping names parameters, the
     regex compiles with named groups."""
-    config_from_params(**{k: v for k, v in params.items() if k != "timeout_s"}, timeout_s=params.get("timeout_s", 600.0))
+    config_from_params(**dict(params))
