@@ -32,7 +32,7 @@ import re
 
 from perfkit.core.errors import BadInputError
 from perfkit.core.formulas import COLLECTIVES, busbw_factor, message_bytes
-from perfkit.ingest.parsed import ParsedRun
+from perfkit.ingest.parsed import ParsedRun, json_records
 
 __all__ = ["parse", "BINARIES", "DTYPES"]
 
@@ -270,19 +270,7 @@ _JSON_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescat
 
 
 def _parse_json_lines(text: str, *, op, world_size, source: str) -> ParsedRun:
-    import json
-
-    try:
-        whole = json.loads(text)
-        objects = whole if isinstance(whole, list) else [whole]
-    except json.JSONDecodeError:
-        objects = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    objects.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise BadInputError(f"{source} line {number}: not JSON ({err.msg})") from None
+    objects = json_records(text, source)
     if any(isinstance(o, dict) and "results" in o and "version" in o for o in objects):
         raise BadInputError(f"{source} is nccl-tests' own -J JSON, which perfkit does not read yet: import "
                             "the run's stdout instead")

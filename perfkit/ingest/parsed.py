@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
-__all__ = ["ParsedRun"]
+from perfkit.core.errors import BadInputError
+
+__all__ = ["ParsedRun", "json_records"]
+
+
+def json_records(text: str, source: str) -> list:
+    """A file's JSON records: one document (a list is its items), or one object per line (JSON
+    lines: vLLM's appended runs, rccl-tests' ``--output_file``); a bad line is named."""
+    if not text.strip():
+        raise BadInputError(f"{source} is empty")
+    try:
+        whole = json.loads(text)
+        return whole if isinstance(whole, list) else [whole]
+    except json.JSONDecodeError:
+        pass
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise BadInputError(f"{source} line {number}: not JSON ({err.msg} at column {err.colno})") from None
+    return records
 
 
 @dataclass

@@ -24,13 +24,12 @@ with its latencies NaN: a 0 ms TTFT there is no measurement.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
 
 from perfkit.core.errors import BadInputError
-from perfkit.ingest.parsed import ParsedRun
+from perfkit.ingest.parsed import ParsedRun, json_records
 
 __all__ = ["parse", "METRICS"]
 
@@ -47,21 +46,7 @@ _ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "err
 
 def _objects(text: str, source: str) -> list[dict]:
     """The file's result objects: one JSON object, or one per line (appended runs)."""
-    stripped = text.strip()
-    if not stripped:
-        raise BadInputError(f"{source} is empty")
-    try:
-        whole = json.loads(stripped)
-        objects = whole if isinstance(whole, list) else [whole]
-    except json.JSONDecodeError:
-        objects = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                objects.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise BadInputError(f"{source} line {number}: not JSON ({err.msg} at column {err.colno})") from None
+    objects = json_records(text, source)
     for i, obj in enumerate(objects):
         if not isinstance(obj, dict) or not any(_STAT.match(k) for k in obj):
             raise BadInputError(f"{source} is not a vLLM benchmark result: object {i + 1} has no "
