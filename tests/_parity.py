@@ -54,15 +54,39 @@ def ok_rows(out: Path):
     return rows
 
 
-def assert_within_noise(run, sweep) -> None:
-    """Each side's fastest step within :data:`NOISE_BAND` of the other's median. The two sides
-    run minutes apart beside different tests (three workers on two cores): a neighbour's burst
-    moved one side's median 3.9x (run 25.9 ms, sweep 6.6 ms, no bug); its fastest of the timed
-    steps is the one least disturbed, while the bug slowed every step (2 ranks x 2 threads)."""
+def _outside_noise(run, sweep) -> list[tuple[str, str]]:
+    """(side, message) for each side whose fastest step is past :data:`NOISE_BAND` x the other's
+    median; the side named is the slow one."""
     assert run[KEYS].values.tolist() == sweep[KEYS].values.tolist()
+    slow = []
     for (_, a), (_, b) in zip(run.iterrows(), sweep.iterrows()):
         for one, other, name in ((a, b, "run"), (b, a, "sweep")):
             fastest = min(one["step_time_samples_s"])
-            assert fastest <= NOISE_BAND * other["step_time_s"], (
-                f"{a['parallelism']} x{a['world_size']}: the {name}'s fastest step {fastest * 1e3:.2f} ms vs the "
-                f"other's median {other['step_time_s'] * 1e3:.2f} ms")
+            if fastest > NOISE_BAND * other["step_time_s"]:
+                slow.append((name, f"{a['parallelism']} x{a['world_size']}: the {name}'s fastest step "
+                                   f"{fastest * 1e3:.2f} ms vs the other's median {other['step_time_s'] * 1e3:.2f} ms"))
+    return slow
+
+
+def assert_within_noise(run, sweep, *, again_run=None, again_sweep=None) -> None:
+    """Each side's fastest step within :data:`NOISE_BAND` of the other's median. The two sides
+    run minutes apart beside different tests (three workers on two cores): a neighbour's burst
+    moved one side's median 3.9x (run 25.9 ms, sweep 6.6 ms, no bug); its fastest of the timed
+    steps is the one least disturbed, while the bug slowed every step (2 ranks x 2 threads).
+
+    A burst can still outlast every timed step of a millisecond configuration (CI: a world-size-1
+    step of 2.15 ms under ``perfkit run``, no step under 8.26 ms in the sweep beside two busy
+    workers). So a side found slow is measured once more (``again_run``/``again_sweep``, callables
+    giving its rows afresh) and both sides are judged again: the bug is in the configuration and
+    slows the second measurement as it did the first; a neighbour's burst does not follow it."""
+    slow = _outside_noise(run, sweep)
+    if not slow:
+        return
+    sides = {name for name, _ in slow}
+    if ("run" in sides and again_run is None) or ("sweep" in sides and again_sweep is None):
+        raise AssertionError("; ".join(m for _, m in slow))
+    run = again_run() if "run" in sides else run
+    sweep = again_sweep() if "sweep" in sides else sweep
+    still = _outside_noise(run, sweep)
+    assert not still, ("; ".join(m for _, m in still) + " (measured again after: "
+                       + "; ".join(m for _, m in slow) + ")")
