@@ -287,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .view.compare import add_compare_command
 
     add_compare_command(sub)
+    from .view.advise import add_advise_command
+
+    add_advise_command(sub)
     from .view.trace import add_trace_command
 
     add_trace_command(sub)

@@ -346,3 +346,30 @@ def test_a_rank_raising_mid_benchmark_records_its_error():
     assert result.status == "failed"
     assert result.failed_rank == 1
     assert "deliberate failure of rank 1 mid-benchmark" in result.error
+
+
+@pytest.mark.slow
+def test_advise_finds_a_sweep_of_small_messages_latency_bound(tmp_path):
+    # Issue 29: 64 B to 4 KiB of all_reduce on gloo never leave the latency regime, so the advice
+    # is to send fewer, larger messages, its evidence the fastest samples of the smallest and the
+    # largest size. 20 iterations a size: with 3 (clean_run's), the fastest of a size under a
+    # loaded suite was 3 ms at 64 B against 1.2 ms at 4 KiB.
+    from _advice import advise_json, record_as
+
+    small = dict(_SMALL, ops=("all_reduce",), inplace=(True,), iters=20, warmup_iters=3)
+    rows = run_collectives(CollectivesConfig(**small))
+    # The notebook records the library's rows with their workload (notebooks/collectives.ipynb).
+    folder = record_as(rows.assign(workload="collectives"), tmp_path / "small", notebook="collectives.ipynb",
+                       params={k: list(v) if isinstance(v, tuple) else v for k, v in small.items()},
+                       config_id="collectives-small")
+    findings = advise_json(folder)
+    assert {f["rule"] for f in findings} <= {"collectives_latency_bound", "noisy"}, findings
+    (f,) = [f for f in findings if f["rule"] == "collectives_latency_bound"]
+    assert f["point"] == "collectives (all_reduce, in-place, 2 ranks)" and f["rank"] == 1
+    fastest = {s: min(min(x) for x in rows.loc[rows["size_bytes"] == s, "time_samples_s"]) for s in (64, 4096)}
+    assert (f["evidence"]["min_size_bytes"], f["evidence"]["max_size_bytes"]) == (64, 4096)
+    assert (f["evidence"]["fastest_min_size_time_s"], f["evidence"]["fastest_max_size_time_s"]) == (
+        fastest[64], fastest[4096])
+    share = 1 - (fastest[4096] - fastest[64]) / fastest[4096] * 4096 / (4096 - 64)
+    assert f["cost_share"] == pytest.approx(min(1.0, share)) and f["cost_share"] >= 0.5, f
+    assert "larger messages" in f["advice"]

@@ -344,3 +344,24 @@ def test_a_pinned_configuration_is_labelled_pinned_once():
                          "num_workers": [2, 2]})
     rows["series"] = _series(rows)
     assert [_label(r) for _, r in rows.iterrows()] == ["files pinned w2", "files w2"]
+
+
+@pytest.mark.slow
+def test_advise_finds_zero_workers_input_bound_and_names_the_measured_worker_count(sweep, tmp_path):
+    # Issue 29: each worker count as its own configuration of one folder, as a sweep records them.
+    from _advice import advise_json, evidence_is_in_rows, record_as
+
+    df, _ = sweep
+    folder = tmp_path / "loader"
+    for _, row in df.iterrows():
+        record_as([row.to_dict()], folder, notebook="dataloader.ipynb", config_id=f"dataloader-w{row['num_workers']}",
+                  params={"num_workers": int(row["num_workers"]), **{k: v for k, v in _SWEEP.items() if k != "device"}})
+    findings = advise_json(folder)
+    f = next(x for x in findings if x["config_ids"] == ["dataloader-w0"] and x["rank"] == 1)
+    assert f["rule"] == "input_bound" and f["evidence"]["num_workers"] == 0, f
+    cores = f["evidence"].get("cpu_cores", 2)
+    assert f["experiment"]["parameter"] == "num_workers" and f["experiment"]["proposed"] == min(2, cores)
+    assert "measured num_workers=2 as the cheapest" in f["advice"]
+    evidence_is_in_rows(f, folder)
+    w2 = [x for x in findings if x["config_ids"] == ["dataloader-w2"] and x["rule"] == "input_bound"]
+    assert not w2 or w2[0]["cost_share"] < f["cost_share"] / 2

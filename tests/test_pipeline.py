@@ -417,3 +417,24 @@ def test_measured_bubble_is_the_predicted_value_when_compute_dominates(delayed_r
         assert (row["bubble_fraction_reason"] is None) == (over <= pb.OVERHEAD_LIMIT * sched), (schedule, m)
         if predicted >= 0.2:
             assert row["bubble_fraction_reason"] is None, (schedule, m, row["bubble_fraction_reason"])
+
+
+@pytest.mark.slow
+def test_advise_names_too_few_microbatches_and_proposes_four_per_rank(delayed_rows, tmp_path):
+    # Issue 29: m = p (1F1B, 2 microbatches on 2 ranks) binds on the bubble, and the follow-up is
+    # m = 4p, the smallest divisor of the batch (16) at GPipe's bound; m = 4p itself gets no such advice.
+    from _advice import advise_json, evidence_is_in_rows, record_as, top
+
+    def folder(m):
+        params = {k: v for k, v in DELAYED.items() if k != "model_size"} | {"pp_schedule": "1F1B", "n_microbatches": m}
+        return record_as([delayed_rows["1F1B", m]], tmp_path / f"m{m}", notebook="train_step.ipynb", params=params,
+                         config_id=f"train_step-pp-m{m}")
+
+    few = folder(2)
+    f = top(advise_json(few))
+    assert f["rule"] == "pipeline_bubble", f
+    assert (f["experiment"]["parameter"], f["experiment"]["current"], f["experiment"]["proposed"]) == ("n_microbatches", 2, 8)
+    assert f["cost_share"] == pytest.approx(delayed_rows["1F1B", 2]["bubble_fraction"])
+    assert f["evidence"]["bubble_fraction_predicted"] == pytest.approx(1 / 3) and "predicted bubble 11%" in f["advice"]
+    evidence_is_in_rows(f, few)
+    assert [x for x in advise_json(folder(8)) if x["rule"] == "pipeline_bubble"] == []

@@ -133,6 +133,34 @@ def test_a_sweep_of_the_script_over_batch_and_precision_and_two_ranks_resumes(tm
     assert again.returncode == 0 and len(perfkit.load(out)) == 5  # resume: nothing ran again
 
 
+@pytest.mark.slow
+def test_an_ab_of_the_script_over_two_environment_variables_gives_a_compare_verdict(tmp_path):
+    # The script reads TRAIN_SCRIPT_STEP_DELAY_S as real scripts read NCCL_* or TORCH_*: the
+    # variants set it on the kernel, and the script, the kernel's child, inherits it. A 30 ms
+    # delay in a ~1 ms step must come out `slower` on the step time (exit 1, the gate's fail).
+    import yaml
+
+    spec = tmp_path / "ab.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "script-ab", "notebook": str(NOTEBOOKS / "script.ipynb"), "rounds": 2,
+        "parameters": {"command": f"{sys.executable} train_script.py", "cwd": str(REPO / "tests" / "_scripts"),
+                       "arg_mappings": MAPPINGS, "steps": 6, "batch_size": 8, "timeout_s": 120.0},
+        "variants": [{"name": "base", "env": {"TRAIN_SCRIPT_STEP_DELAY_S": "0"}},
+                     {"name": "delayed", "env": {"TRAIN_SCRIPT_STEP_DELAY_S": "0.03"}}]}))
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "perfkit.cli"]
+    done = subprocess.run([*cli, "sweep", str(spec), "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdict = tmp_path / "verdict.json"
+    compared = subprocess.run([*cli, "compare", str(out), "--by", "variant", "--base", "base", "--json", str(verdict)],
+                              capture_output=True, text=True, timeout=120)
+    assert compared.returncode == 1, compared.stdout + compared.stderr  # 1: a point is slower
+    points = json.loads(verdict.read_text())["points"]
+    assert [(p["metric"], p["verdict"]) for p in points] == [("step_time_s", "slower")], points
+    assert points[0]["ratio"] > 10  # ~31 ms against ~1 ms
+
+
 @pytest.mark.slow  # a perfkit process
 def test_the_notebook_refuses_a_command_that_does_not_exist_with_exit_2(tmp_path):
     out = tmp_path / "runs"

@@ -43,6 +43,9 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.L
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 dtype = torch.bfloat16 if args.bf16 else None
 rank = int(os.environ.get("RANK", "0"))
+# A setting read from the environment, as real scripts read theirs (NCCL_*, TORCH_*): a delay in
+# every step, the known effect of the A/B test's "change" variant.
+step_delay_s = float(os.environ.get("TRAIN_SCRIPT_STEP_DELAY_S", "0"))
 times = []
 for step in range(args.steps):
     x, y = torch.randn(args.batch_size, 32), torch.randint(0, 4, (args.batch_size,))
@@ -52,6 +55,7 @@ for step in range(args.steps):
     opt.zero_grad()
     loss.backward()
     opt.step()
+    time.sleep(step_delay_s)
     times.append(time.perf_counter() - t0)
     if rank == 0:
         print("PERFKIT_METRIC " + json.dumps({"step_time_ms": times[-1] * 1e3, "loss": loss.item()}), flush=True)

@@ -1,0 +1,159 @@
+"""``perfkit advise``: the constraints that bind each configuration of a results folder, ranked,
+with their evidence, the rule and its source, and what to try (rules: perfkit.analyse.advice)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..analyse.advice import Finding, advise
+from ..analyse.advice_rules import all_rules, select_rules
+from ..core.errors import BadInputError
+
+__all__ = ["add_advise_command", "run_advise", "render_terminal", "render_markdown", "to_json", "render_rules"]
+
+HELP = """\
+For each configuration in DIR (a sweep's or run's --out folder), the constraints that bind it,
+ranked by the share of its time each costs: input-bound, straggler, exposed communication,
+pipeline bubble, latency-bound collectives, a GEMM far below the ceiling. Each comes with the
+numbers it read (its evidence), the rule and where its threshold comes from, how confident it is
+(low: a noisy row, or evidence near the threshold), and what to try. A configuration whose every
+row is noisy gets "rerun", never a constraint. Only ok rows are read.
+
+Exit codes: 0 advice given (or nothing found to advise), 2 bad input (not a results folder, no ok
+rows, an unknown rule).
+"""
+
+
+def add_advise_command(sub) -> None:
+    """Register ``perfkit advise`` on the CLI's subparsers."""
+    p = sub.add_parser("advise", help="what binds each configuration, the evidence, and what to try",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", nargs="?", help="a results folder (a sweep's or run's --out)")
+    p.add_argument("--rule", action="append", default=[], metavar="NAME",
+                   help="only this rule (repeatable; perfkit advise --rules lists them)")
+    p.add_argument("--rules", action="store_true", help="list the rules, their thresholds and sources, and exit")
+    p.add_argument("--json", metavar="FILE", help="also write the advice as JSON ('-': print it instead of text)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the advice as markdown")
+    p.set_defaults(func=run_advise)
+
+
+def _check_args(args) -> None:
+    if args.rules:
+        return
+    if args.dir is None:
+        raise BadInputError("give a results folder: perfkit advise DIR (or --rules to list the rules)")
+    if not Path(args.dir).is_dir():
+        raise BadInputError(f"results directory {args.dir!r} does not exist (or is not a folder)")
+    for flag, path in (("--markdown", args.markdown), ("--json", args.json)):
+        if path and path != "-" and not Path(path).resolve().parent.is_dir():
+            raise BadInputError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+
+
+def run_advise(args) -> int:
+    """``perfkit advise``: read, advise, print, write the files asked for."""
+    _check_args(args)
+    rules = select_rules(args.rule)  # an unknown name: exit 2 before anything is read
+    if args.rules:
+        print(render_rules(rules))
+        return 0
+    from .compare import load_rows
+
+    try:
+        rows = load_rows(args.dir)
+    except BadInputError:
+        raise
+    except Exception as e:  # an unreadable file in the folder: say which, exit 2
+        raise BadInputError(f"{args.dir}: not readable as perfkit results ({type(e).__name__}: {e})") from e
+    findings = advise(rows, rules)
+    data = to_json(findings, directory=args.dir, rows=rows)
+    if args.json == "-":
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(render_terminal(findings, directory=args.dir, rows=rows))
+    if args.json and args.json != "-":
+        Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    if args.markdown:
+        Path(args.markdown).write_text(render_markdown(findings, directory=args.dir), encoding="utf-8")
+    return 0
+
+
+def _by_point(findings: list[Finding]) -> dict[str, list[Finding]]:
+    out: dict[str, list[Finding]] = {}
+    for f in findings:
+        out.setdefault(f.point, []).append(f)
+    return out
+
+
+def _share(f: Finding) -> str:
+    return f"{f.cost_share:.0%}" if f.cost_share == f.cost_share else "-"
+
+
+def _number(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "n/a"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _evidence(f: Finding) -> str:
+    return ", ".join(f"{k}={_number(v)}" for k, v in f.evidence.items())
+
+
+def render_terminal(findings: list[Finding], *, directory, rows: pd.DataFrame) -> str:
+    ok = int((rows["status"] == "ok").sum())
+    n = rows["config_id"].nunique()
+    lines = [f"perfkit advise {directory}: {ok} ok rows of {n} configuration{'s' if n != 1 else ''}"]
+    if not findings:
+        lines.append("  no rule found a constraint in these rows (perfkit advise --rules lists what is checked)")
+    for point, fs in _by_point(findings).items():
+        lines.append(f"\n{point}")
+        for rank, f in enumerate(fs, 1):
+            tag = "binding" if rank == 1 and f.rule != "noisy" else f"#{rank}"
+            lines.append(f"  {tag}: {f.constraint} ({_share(f)} of its time, {f.confidence} confidence) — {f.summary}")
+            lines.append(f"      try: {f.advice}")
+            lines.append(f"      evidence: {_evidence(f)}  [configs {', '.join(f.config_ids)}]")
+            lines.append(f"      rule: {f.rule} — {f.source}")
+            if f.experiment is not None:
+                e = f.experiment
+                what = e.parameter or e.env
+                lines.append(f"      experiment: {what} {e.current!r} -> {e.proposed!r} on {e.notebook}")
+    return "\n".join(lines)
+
+
+def render_markdown(findings: list[Finding], *, directory) -> str:
+    lines = [f"### perfkit advise: `{directory}`", ""]
+    if not findings:
+        return "\n".join(lines + ["No rule found a constraint in these rows."]) + "\n"
+    lines += ["| configuration | # | constraint | share of time | confidence | evidence | try |",
+              "|---|---|---|---|---|---|---|"]
+    for point, fs in _by_point(findings).items():
+        for rank, f in enumerate(fs, 1):
+            cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+            lines.append(f"| {cell(point)} | {rank} | {cell(f.constraint)} | {_share(f)} | {f.confidence} | "
+                         f"{cell(f.summary)} | {cell(f.advice)} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(findings: list[Finding], *, directory, rows: pd.DataFrame) -> dict:
+    from ..analyse.advice import findings_frame
+
+    table = findings_frame(findings)
+    records = json.loads(table.to_json(orient="records", default_handler=str))
+    for rec, f in zip(records, findings):  # dataclasses as plain dicts, NaN as null
+        rec["evidence"] = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in f.evidence.items()}
+    return {"directory": str(directory), "ok_rows": int((rows["status"] == "ok").sum()),
+            "configurations": int(rows["config_id"].nunique()), "findings": records}
+
+
+def render_rules(rules=None) -> str:
+    rules = all_rules() if rules is None else rules
+    lines = []
+    for r in rules:
+        lines.append(f"{r.name}  ({r.constraint}; threshold {r.threshold:g})\n    {r.description}\n    source: {r.source}")
+    return "\n".join(lines)

@@ -1,0 +1,160 @@
+"""``perfkit advise`` (issue 29): the constraint that binds each configuration, from its rows.
+
+The folders here hold rows of real measurements made by the test (GEMMs, a timed function),
+recorded as a sweep records them. The constraints that need ranks (pipeline bubble, straggler,
+latency-bound collectives, input-bound loading) are checked beside the fixtures that already
+launch them: tests/test_pipeline.py, test_scaling_run.py, test_collectives.py, test_dataloading.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from _advice import advise_json, evidence_is_in_rows, record_as, top
+from conftest import REPO
+from perfkit.analyse.advice_rules import RULES
+from perfkit.cli import main
+
+BUILTIN = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "collectives_latency_bound",
+           "gemm_below_ceiling", "noisy"]
+
+
+@pytest.fixture(scope="module")
+def gemm_folder(tmp_path_factory):
+    """A GEMM sweep of a tiny size and one that keeps a core busy: the tiny one runs far below
+    the ceiling the large one shows. One thread: two threads spinning against the suite's other
+    workers ran a 384 GEMM at 1.2 GFLOP/s here, which is not what these tests are about."""
+    import torch
+
+    from perfkit.measuring.kernels.gemm import measure_gemm
+
+    folder = tmp_path_factory.mktemp("gemm")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = measure_gemm([8, 256], ["fp32"], device="cpu", min_run_time_s=0.15)
+    finally:
+        torch.set_num_threads(threads)
+    return record_as(rows, folder, notebook="gemm.ipynb", params={"sizes": [8, 256], "dtypes": ["fp32"]},
+                     config_id="gemm-sizes")
+
+
+def test_the_rules_are_listed_with_their_threshold_and_source(capsys):
+    assert main(["advise", "--rules"]) == 0
+    out = capsys.readouterr().out
+    assert [r.name for r in RULES] == BUILTIN
+    for rule in RULES:
+        assert f"{rule.name}  (" in out and rule.source in out and rule.source and rule.threshold > 0
+
+
+def test_a_gemm_far_below_the_ceiling_is_its_binding_constraint_and_the_large_one_has_none(gemm_folder):
+    findings = advise_json(gemm_folder)
+    f = top(findings)
+    assert f["rule"] == "gemm_below_ceiling" and f["evidence"]["m"] == 8 and f["robust"], f
+    assert f["evidence"]["fraction_of_ceiling"] < 0.5 and f["cost_share"] == pytest.approx(
+        1 - f["evidence"]["fraction_of_ceiling"])
+    assert [x["evidence"]["m"] for x in findings if x["rule"] == "gemm_below_ceiling"] == [8]
+    evidence_is_in_rows(f, gemm_folder)
+    import perfkit
+
+    rows = perfkit.load(gemm_folder)  # no ceiling rows: the roof is the fastest GEMM of the dtype
+    assert f["evidence"]["ceiling_flop_per_s"] == rows["flop_per_s"].max() == rows.loc[rows["m"] == 256, "flop_per_s"].item()
+
+
+def test_json_markdown_and_text_say_the_same_advice(gemm_folder, tmp_path, capsys):
+    md = tmp_path / "advice.md"
+    assert main(["advise", str(gemm_folder), "--markdown", str(md)]) == 0
+    text = capsys.readouterr().out
+    assert "binding: far below the compute ceiling" in text and "rule: gemm_below_ceiling" in text
+    table = md.read_text()
+    assert table.startswith("### perfkit advise") and "| far below the compute ceiling |" in table
+    assert main(["advise", str(gemm_folder), "--json", "-"]) == 0
+    import json
+
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["findings"][0]["rule"] == "gemm_below_ceiling" and printed["ok_rows"] == 2
+
+
+def test_a_folder_of_only_noisy_rows_gets_rerun_advice_not_a_constraint(tmp_path):
+    # A real training-style loop whose input stalls at random (a contended file system): 3 steps
+    # in 5 wait 4 ms for their batch, the others none, and the step itself jitters. The median
+    # step waits far past 5 %, but one step in ten does not wait at all: nothing in these rows
+    # can say the pipeline is input-bound rather than unlucky, so the advice is to rerun.
+    import torch
+
+    from perfkit.core.timing import Measurement
+
+    rng = random.Random(0)
+    a = torch.randn(64, 64)
+    data, step = [], []
+    for i in range(20):
+        t0 = time.perf_counter()
+        time.sleep(0.004 if i % 5 < 3 else 0.0)
+        t1 = time.perf_counter()
+        torch.mm(a, a)
+        time.sleep(rng.uniform(0.0, 0.002))
+        data.append(t1 - t0)
+        step.append(time.perf_counter() - t1)
+    m = Measurement(samples_s=tuple(step))
+    row = {"workload": "train_step", "data_time_samples_s": data, "data_time_s": Measurement(samples_s=tuple(data)).median_s,
+           **m.as_row("step_time")}
+    assert row["noisy"], row["step_time_iqr_s"] / row["step_time_s"]
+    folder = record_as([row], tmp_path / "noisy", notebook="train_step.ipynb", params={"batch_size": 8},
+                       config_id="train_step-noisy")
+    findings = advise_json(folder)
+    assert [f["rule"] for f in findings] == ["noisy"], findings
+    assert findings[0]["evidence"]["noisy_rows"] == 1 and "rerun" in findings[0]["advice"]
+    # The input rule alone: its finding is withheld (not robust on noisy rows), not only outranked.
+    assert advise_json(folder, "--rule", "input_bound") == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["advise", "{missing}"], "does not exist"),
+    (["advise", "{empty}"], "no results under"),
+    (["advise", "{failed}"], "no ok rows to advise on"),
+    (["advise", "{empty}", "--rule", "bubbles"], "unknown advice rule 'bubbles'"),
+    (["advise"], "give a results folder"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, says):
+    (tmp_path / "empty").mkdir()
+    record_as([{"workload": "gemm"}], tmp_path / "failed", notebook="gemm.ipynb", params={"sizes": [16]},
+              config_id="gemm-failed", status="failed", reason="RuntimeError: it broke")
+    paths = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "failed": tmp_path / "failed"}
+    code = main([a.format(**paths) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow  # a perfkit process with a package of rules on its path
+def test_a_package_adds_its_own_rule_by_entry_point(gemm_folder, tmp_path):
+    # An installed package, as pip leaves one: a module and its dist-info with entry_points.txt.
+    site = tmp_path / "site"
+    (site / "teamrules-1.0.dist-info").mkdir(parents=True)
+    (site / "teamrules-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: teamrules\nVersion: 1.0\n")
+    (site / "teamrules-1.0.dist-info" / "entry_points.txt").write_text(
+        "[perfkit.advice_rules]\nsmall = teamrules:RULES\n")
+    (site / "teamrules.py").write_text('''
+from perfkit.analyse.advice import Finding, Rule
+
+def _check(ok, rule):
+    for _, row in ok[ok["m"] < rule.threshold].iterrows():
+        yield Finding(rule=rule.name, constraint=rule.constraint, point="gemm", config_ids=(row["config_id"],),
+                      cost_share=0.5, evidence={"m": int(row["m"])}, summary="a size our kernels never see",
+                      advice="measure m >= 64", source=rule.source, robust=True)  # a size, not a timing
+
+RULES = [Rule("team_min_size", "unrepresentative size", 64, "our team's kernel sizes", _check)]
+''')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    cli = [sys.executable, "-m", "perfkit.cli", "advise"]
+    listed = subprocess.run([*cli, "--rules"], capture_output=True, text=True, env=env, timeout=120)
+    assert listed.returncode == 0 and "team_min_size  (unrepresentative size; threshold 64)" in listed.stdout
+    ran = subprocess.run([*cli, str(gemm_folder), "--rule", "team_min_size"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert "binding: unrepresentative size" in ran.stdout and "evidence: m=8" in ran.stdout
