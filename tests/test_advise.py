@@ -158,3 +158,48 @@ RULES = [Rule("team_min_size", "unrepresentative size", 64, "our team's kernel s
                          env=env, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert "binding: unrepresentative size" in ran.stdout and "evidence: m=8" in ran.stdout
+
+
+@pytest.mark.slow  # three kernels: the configuration, then the experiment's two sides
+def test_verify_runs_the_advised_worker_count_and_reports_the_measured_verdict(tmp_path):
+    # Issue 29: a loader with zero workers, each sample 5 ms of storage latency (a sleep: it
+    # overlaps across workers however busy the cores are), 16 ms of compute a step. The advice is
+    # 2 workers; --verify runs current against advised, interleaved, and reports compare's verdict.
+    import yaml
+
+    import perfkit
+    from perfkit.analyse.compare import compare_by
+    from perfkit.view.advise_followup import speedup
+
+    out = tmp_path / "loader"
+    params = {"num_workers": "[0]", "fetch_delay_s": "0.005", "decode_cost_s": "0.0", "batch_size": "4",
+              "step_compute_s": "0.016", "steps": "10", "loader_batches": "0", "stall_attribution": "False",
+              "device": "cpu", "cache_dir": repr(str(tmp_path / "datasets"))}
+    cli = [sys.executable, "-m", "perfkit.cli"]
+    ran = subprocess.run([*cli, "run", str(REPO / "notebooks" / "dataloader.ipynb"), "--out", str(out),
+                          *[a for k, v in params.items() for a in ("-p", k, v)]], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    before = len(perfkit.load(out))
+    spec = tmp_path / "exp.yaml"
+    verified = subprocess.run([*cli, "advise", str(out), "--spec", str(spec), "--verify", "--rounds", "2"],
+                              capture_output=True, text=True, timeout=600)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    written = yaml.safe_load(spec.read_text())
+    assert [v["parameters"] for v in written["variants"]] == [{"num_workers": [0]}, {"num_workers": [2]}]
+    assert written["parameters"]["fetch_delay_s"] == 0.005 and written["rounds"] == 2
+    rows = perfkit.load(out / "advice" / "1")
+    assert sorted(zip(rows["variant"], rows["round"])) == [("advised", 1), ("advised", 2), ("current", 1), ("current", 2)]
+    assert len(perfkit.load(out)) == before  # the experiment's rows are not the folder's own
+    point = compare_by(rows, by="variant", base="current").points.iloc[0]
+    x, lo, hi = speedup(point["ratio"], point["ci_low"], point["ci_high"], point["lower_is_better"])
+    assert point["verdict"] == "faster" and point["metric"] == "step_time_s" and x > 1.3, point.to_dict()
+    said = f"advised: num_workers 0 -> 2; measured {x:.2f}x as fast (step_time_s, 95 % CI {lo:.2f}-{hi:.2f}x): faster"
+    assert said in verified.stdout, verified.stdout
+
+
+def test_verify_says_so_when_no_advice_has_an_experiment(gemm_folder, capsys):
+    # The tiny GEMM's advice is a code change (batch, fuse, grow the shapes): no setting to run.
+    assert main(["advise", str(gemm_folder), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "binding: far below the compute ceiling" in out and "nothing to verify" in out
+    assert not (gemm_folder / "advice").exists()

@@ -56,8 +56,9 @@ class Experiment:
     env: str | None = None
     current: object = None
     proposed: object = None
-    fixed: dict = field(default_factory=dict)
-    """The configuration's other parameters, as recorded (the follow-up measures the same point)."""
+    narrow: dict = field(default_factory=dict)
+    """Parameter values that narrow the configuration to the finding's row where it measured
+    several (a scaling run's ``world_sizes: [2]``); the rest of it runs as it ran."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import pandas as pd
 from . import dataloading
 from ..core.errors import BadInputError
 from .advice import (Experiment, Finding, Rule, confidence_below, confidence_of, finite, flag, hashable,
-                     is_noisy, notebook_of, params_of, point_labels, present, rows_of, shown)
+                     is_noisy, notebook_of, point_labels, present, rows_of, shown)
 
 __all__ = ["ENTRY_POINT_GROUP", "RULES", "all_rules", "select_rules"]
 
@@ -101,7 +101,7 @@ def _input_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
             summary=f"the step waits on data {share:.0%} of its time (threshold {rule.threshold:.0%})",
             advice=what,
             experiment=Experiment(notebook=notebook_of(row), parameter="num_workers", current=workers, proposed=proposed,
-                                  fixed=params_of(row)) if proposed is not None else None)
+                                  ) if proposed is not None else None)
     steps = rows_of(ok, "train_step", "data_time_samples_s", "step_time_samples_s")
     for i, row in steps.iterrows():
         data = np.asarray(row["data_time_samples_s"], dtype=float)
@@ -178,7 +178,7 @@ def _exposed_communication(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         experiment = None
         if par == "ddp" and finite(bucket):
             experiment = Experiment(notebook=notebook_of(row), parameter="bucket_cap_mb", current=float(bucket),
-                                    proposed=float(bucket) * 4, fixed=params_of(row))
+                                    proposed=float(bucket) * 4, narrow={"world_sizes": [int(row["world_size"])]})
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
             cost_share=share, confidence=confidence_of(rule, share, row), source=rule.source,
@@ -235,7 +235,7 @@ def _pipeline_bubble(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                      f"{share:.0%} of the step (predicted {evidence['bubble_fraction_predicted']:.0%})"),
             advice=f"more microbatches per step: {advice}",
             experiment=Experiment(notebook=notebook_of(row), parameter="n_microbatches", current=m, proposed=proposed,
-                                  fixed=params_of(row)) if proposed else None)
+) if proposed else None)
 
 
 # ------------------------------------------------------------------------------ collectives

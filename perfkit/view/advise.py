@@ -39,6 +39,14 @@ def add_advise_command(sub) -> None:
     p.add_argument("--rules", action="store_true", help="list the rules, their thresholds and sources, and exit")
     p.add_argument("--json", metavar="FILE", help="also write the advice as JSON ('-': print it instead of text)")
     p.add_argument("--markdown", metavar="FILE", help="also write the advice as markdown")
+    p.add_argument("--spec", metavar="OUT.yaml",
+                   help="write the A/B sweep spec that tests the top advice (current vs advised setting, the "
+                        "configuration as it ran); with --top N, OUT-2.yaml... for the next")
+    p.add_argument("--verify", action="store_true",
+                   help="run that experiment into DIR/advice/<n>/ and report perfkit compare's verdict on it")
+    p.add_argument("--top", type=int, default=1, metavar="N", help="how many pieces of advice --spec/--verify test (default 1)")
+    p.add_argument("--rounds", type=int, default=3, metavar="R",
+                   help="rounds of each side in the experiment, interleaved (default 3; 5 or more to gate on it)")
     p.set_defaults(func=run_advise)
 
 
@@ -49,9 +57,13 @@ def _check_args(args) -> None:
         raise BadInputError("give a results folder: perfkit advise DIR (or --rules to list the rules)")
     if not Path(args.dir).is_dir():
         raise BadInputError(f"results directory {args.dir!r} does not exist (or is not a folder)")
-    for flag, path in (("--markdown", args.markdown), ("--json", args.json)):
+    for flag, path in (("--markdown", args.markdown), ("--json", args.json), ("--spec", args.spec)):
         if path and path != "-" and not Path(path).resolve().parent.is_dir():
             raise BadInputError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+    if args.top < 1:
+        raise BadInputError(f"--top must be at least 1, got {args.top}")
+    if args.rounds < 1:
+        raise BadInputError(f"--rounds must be at least 1, got {args.rounds}")
 
 
 def run_advise(args) -> int:
@@ -79,6 +91,28 @@ def run_advise(args) -> int:
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     if args.markdown:
         Path(args.markdown).write_text(render_markdown(findings, directory=args.dir), encoding="utf-8")
+    if args.spec:
+        from .advise_followup import write_specs
+
+        for path in write_specs(findings, Path(args.dir), Path(args.spec), top=args.top, rounds=args.rounds):
+            print(f"experiment spec: {path} (perfkit sweep {path} --out DIR; perfkit compare DIR --by variant "
+                  f"--base current)")
+    if args.verify:
+        return _verify(findings, args)
+    return 0
+
+
+def _verify(findings: list[Finding], args) -> int:
+    from .advise_followup import experiments, verify
+
+    if not experiments(findings, args.top):
+        print("\nnothing to verify: no advice here comes with an experiment (a setting to change), so there is "
+              "nothing to run; the findings above say what was seen")
+        return 0
+    print(f"\nverifying the top {args.top} piece(s) of advice, {args.rounds} rounds a side, into "
+          f"{Path(args.dir) / 'advice'}/ ...", flush=True)
+    for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds), 1):
+        print(f"[{n}] {v.finding.constraint} in {v.finding.point}\n    {v.text}\n    rows: {v.folder}")
     return 0
 
 
