@@ -195,6 +195,24 @@ def test_verify_runs_the_advised_worker_count_and_reports_the_measured_verdict(t
     assert point["verdict"] == "faster" and point["metric"] == "step_time_s" and x > 1.3, point.to_dict()
     said = f"advised: num_workers 0 -> 2; measured {x:.2f}x as fast (step_time_s, 95 % CI {lo:.2f}-{hi:.2f}x): faster"
     assert said in verified.stdout, verified.stdout
+    # The report's Advice section, first in the page, shows the advice and what testing it measured.
+    from perfkit.view.report import sections
+
+    title, parts = sections(perfkit.load(out), results_dir=out)[0]
+    import html
+
+    assert title.startswith("Advice") and "input-bound" in parts.items[0] and html.escape(said) in parts.items[0]
+
+
+def test_the_report_opens_with_each_configurations_binding_constraint(gemm_folder):
+    import perfkit
+    from perfkit.view.report import sections
+
+    shown = sections(perfkit.load(gemm_folder), results_dir=gemm_folder)
+    title, parts = shown[0]
+    assert title == "Advice: what binds each configuration" and [t for t, _ in shown][1] == "GEMM throughput"
+    table = parts.items[0]
+    assert "<td>far below the compute ceiling</td>" in table and "perfkit advise --verify" not in table  # no setting to test
 
 
 def test_verify_says_so_when_no_advice_has_an_experiment(gemm_folder, capsys):

@@ -164,6 +164,12 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, w
         point = compare_by(rows, by="variant", base=BASE).points.iloc[0]
         speed = speedup(float(point["ratio"]), float(point["ci_low"]), float(point["ci_high"]),
                         bool(point["lower_is_better"]))
-        done.append(Verification(f, folder, str(point["verdict"]), *speed, str(point["metric"]),
-                                 _line(f, str(point["verdict"]), speed, str(point["metric"]))))
+        v = Verification(f, folder, str(point["verdict"]), *speed, str(point["metric"]),
+                         _line(f, str(point["verdict"]), speed, str(point["metric"])))
+        # What the report's Advice section shows beside the advice (view/advice_report.py).
+        (folder / "verdict.json").write_text(json.dumps(
+            {"config_id": f.config_ids[0], "rule": f.rule, "verdict": v.verdict, "speedup": v.speedup,
+             "speedup_ci_low": v.speedup_ci_low, "speedup_ci_high": v.speedup_ci_high, "metric": v.metric,
+             "text": v.text}, indent=2) + "\n", encoding="utf-8")
+        done.append(v)
     return done

@@ -67,6 +67,8 @@ def add_compare_command(sub) -> None:
                    help="a point on one side only, or not ok on a side, fails the gate: exit 1 (default 3)")
     p.add_argument("--markdown", metavar="FILE", help="also write the comparison as markdown (a CI comment)")
     p.add_argument("--json", metavar="FILE", help="also write the comparison as JSON")
+    p.add_argument("--advice", action="store_true",
+                   help="with --markdown: add perfkit advise's table of the new side (what binds it now)")
     p.set_defaults(func=run_compare)
 
 
@@ -107,6 +109,26 @@ def _check_args(args) -> None:
     for flag, path in (("--markdown", args.markdown), ("--json", args.json)):
         if path and not Path(path).resolve().parent.is_dir():
             raise BadInputError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+    if args.advice and not args.markdown:
+        raise BadInputError("--advice adds the advice to the --markdown file: give --markdown FILE too")
+
+
+def _advice_markdown(args) -> str:
+    """``perfkit advise``'s table of the new side: of NEW_DIR, or of the rows that are not the base."""
+    from ..analyse.advice import advise
+    from ..analyse.advice_rules import all_rules
+    from .advise import render_markdown
+
+    if args.by is not None:
+        rows = load_rows(args.base_dir)
+        rows = rows[rows[args.by].astype(str) != str(args.base)]
+        where = f"{args.base_dir} ({args.by} != {args.base})"
+    else:
+        rows, where = load_rows(args.new_dir), args.new_dir
+    try:
+        return "\n" + render_markdown(advise(rows, all_rules()), directory=where)
+    except BadInputError as e:  # no ok rows on the new side: the comparison above says why
+        return f"\n### perfkit advise: `{where}`\n\nNo advice: {e.reason}\n"
 
 
 def run_compare(args) -> int:
@@ -122,7 +144,8 @@ def run_compare(args) -> int:
         title = f"base {args.base_dir} → new {args.new_dir}"
     print(render_terminal(c, title=title))
     if args.markdown:
-        Path(args.markdown).write_text(render_markdown(c, title=title), encoding="utf-8")
+        text = render_markdown(c, title=title) + (_advice_markdown(args) if args.advice else "")
+        Path(args.markdown).write_text(text, encoding="utf-8")
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(c), indent=2) + "\n", encoding="utf-8")
     return c.exit_code

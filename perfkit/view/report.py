@@ -217,6 +217,8 @@ def _lazy(module: str, function: str) -> Callable:
 
 
 SECTIONS: list[Section] = [
+    Section(title="Advice: what binds each configuration", select=_lazy("advice_report", "advised_rows"),
+            build=_lazy("advice_report", "advice_section"), links=True),
     Section(title="Comparison", select=_variant_rows, build=_comparison),
     Section(title="Roofline", select=_workload("roofline"), build=_lazy("plots.roofline", "roofline_section")),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
