@@ -21,8 +21,8 @@ from conftest import REPO
 from perfkit.analyse.advice_rules import RULES
 from perfkit.cli import main
 
-BUILTIN = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "collectives_latency_bound",
-           "gemm_below_ceiling", "noisy"]
+BUILTIN = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom",
+           "collectives_latency_bound", "gemm_below_ceiling", "noisy"]
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +221,30 @@ def test_verify_says_so_when_no_advice_has_an_experiment(gemm_folder, capsys):
     out = capsys.readouterr().out
     assert "binding: far below the compute ceiling" in out and "nothing to verify" in out
     assert not (gemm_folder / "advice").exists()
+
+
+@pytest.mark.slow  # a launch: the address-space cap needs its own process
+def test_a_batch_far_below_the_predicted_oom_edge_is_told_to_grow_judged_on_throughput(tmp_path):
+    from dataclasses import replace
+
+    from perfkit.measuring.training import memory_model
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import run_training
+
+    budget = 1 << 30
+    # Wide layers: drawing a batch of the default tiny MLP was over 5 % of its 0.2 ms step (input-bound).
+    cfg = TrainConfig(model="mlp", model_size={"hidden_features": 1024, "depth": 4}, batch_size=8, steps=4,
+                      warmup_steps=1, device="cpu", address_space_headroom_bytes=budget)
+    row = run_training(cfg, 120)
+    assert row["status"] == "ok", row.get("error")
+    edge = memory_model.predicted_max_batch(cfg, budget)
+    assert (row["max_batch_size_predicted"], row["memory_budget_bytes"]) == (edge, budget) and edge >= 16
+    folder = record_as([row], tmp_path / "small-batch", notebook="train_step.ipynb", config_id="train_step-small",
+                       params={"model": "mlp", "batch_size": 8})
+    f = top(advise_json(folder))
+    assert f["rule"] == "memory_headroom" and f["evidence"]["max_batch_size_predicted"] == edge, f
+    e = f["experiment"]
+    assert (e["parameter"], e["current"], e["proposed"], e["metric"]) == ("batch_size", 8, min(edge, 32), "samples_per_s")
+    evidence_is_in_rows(f, folder)
+    # No budget on a CPU without the cap (RAM is every process's): no edge, so no such advice.
+    assert memory_model.memory_budget(replace(cfg, address_space_headroom_bytes=None), "cpu")[0] is None

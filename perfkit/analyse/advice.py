@@ -56,6 +56,9 @@ class Experiment:
     env: str | None = None
     current: object = None
     proposed: object = None
+    metric: str | None = None
+    """The column the follow-up is judged on; None: the workload's (``perfkit compare``'s
+    default). A change of batch size is judged on ``samples_per_s``: its step time grows."""
     narrow: dict = field(default_factory=dict)
     """Parameter values that narrow the configuration to the finding's row where it measured
     several (a scaling run's ``world_sizes: [2]``); the rest of it runs as it ran."""

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
-import pandas as pd
-
 from ..analyse.advice import Finding, advise
-from ..analyse.advice_rules import all_rules, select_rules
+from ..analyse.advice_rules import select_rules
 from ..core.errors import BadInputError
+from .advice_text import render_markdown, render_rules, render_terminal, to_json
 
-__all__ = ["add_advise_command", "run_advise", "render_terminal", "render_markdown", "to_json", "render_rules"]
+__all__ = ["add_advise_command", "run_advise"]
 
 HELP = """\
 For each configuration in DIR (a sweep's or run's --out folder), the constraints that bind it,
@@ -114,80 +112,3 @@ def _verify(findings: list[Finding], args) -> int:
     for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds), 1):
         print(f"[{n}] {v.finding.constraint} in {v.finding.point}\n    {v.text}\n    rows: {v.folder}")
     return 0
-
-
-def _by_point(findings: list[Finding]) -> dict[str, list[Finding]]:
-    out: dict[str, list[Finding]] = {}
-    for f in findings:
-        out.setdefault(f.point, []).append(f)
-    return out
-
-
-def _share(f: Finding) -> str:
-    return f"{f.cost_share:.0%}" if f.cost_share == f.cost_share else "-"
-
-
-def _number(v) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _evidence(f: Finding) -> str:
-    return ", ".join(f"{k}={_number(v)}" for k, v in f.evidence.items())
-
-
-def render_terminal(findings: list[Finding], *, directory, rows: pd.DataFrame) -> str:
-    ok = int((rows["status"] == "ok").sum())
-    n = rows["config_id"].nunique()
-    lines = [f"perfkit advise {directory}: {ok} ok rows of {n} configuration{'s' if n != 1 else ''}"]
-    if not findings:
-        lines.append("  no rule found a constraint in these rows (perfkit advise --rules lists what is checked)")
-    for point, fs in _by_point(findings).items():
-        lines.append(f"\n{point}")
-        for rank, f in enumerate(fs, 1):
-            tag = "binding" if rank == 1 and f.rule != "noisy" else f"#{rank}"
-            lines.append(f"  {tag}: {f.constraint} ({_share(f)} of its time, {f.confidence} confidence) — {f.summary}")
-            lines.append(f"      try: {f.advice}")
-            lines.append(f"      evidence: {_evidence(f)}  [configs {', '.join(f.config_ids)}]")
-            lines.append(f"      rule: {f.rule} — {f.source}")
-            if f.experiment is not None:
-                e = f.experiment
-                what = e.parameter or e.env
-                lines.append(f"      experiment: {what} {e.current!r} -> {e.proposed!r} on {e.notebook}")
-    return "\n".join(lines)
-
-
-def render_markdown(findings: list[Finding], *, directory) -> str:
-    lines = [f"### perfkit advise: `{directory}`", ""]
-    if not findings:
-        return "\n".join(lines + ["No rule found a constraint in these rows."]) + "\n"
-    lines += ["| configuration | # | constraint | share of time | confidence | evidence | try |",
-              "|---|---|---|---|---|---|---|"]
-    for point, fs in _by_point(findings).items():
-        for rank, f in enumerate(fs, 1):
-            cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-            lines.append(f"| {cell(point)} | {rank} | {cell(f.constraint)} | {_share(f)} | {f.confidence} | "
-                         f"{cell(f.summary)} | {cell(f.advice)} |")
-    return "\n".join(lines) + "\n"
-
-
-def to_json(findings: list[Finding], *, directory, rows: pd.DataFrame) -> dict:
-    from ..analyse.advice import findings_frame
-
-    table = findings_frame(findings)
-    records = json.loads(table.to_json(orient="records", default_handler=str))
-    for rec, f in zip(records, findings):  # dataclasses as plain dicts, NaN as null
-        rec["evidence"] = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in f.evidence.items()}
-    return {"directory": str(directory), "ok_rows": int((rows["status"] == "ok").sum()),
-            "configurations": int(rows["config_id"].nunique()), "findings": records}
-
-
-def render_rules(rules=None) -> str:
-    rules = all_rules() if rules is None else rules
-    lines = []
-    for r in rules:
-        lines.append(f"{r.name}  ({r.constraint}; threshold {r.threshold:g})\n    {r.description}\n    source: {r.source}")
-    return "\n".join(lines)

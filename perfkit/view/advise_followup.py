@@ -161,7 +161,7 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, w
             nan = float("nan")
             done.append(Verification(f, folder, "failed", nan, nan, nan, None, _line(f, "failed", (nan,) * 3, None)))
             continue
-        point = compare_by(rows, by="variant", base=BASE).points.iloc[0]
+        point = compare_by(rows, by="variant", base=BASE, metric=f.experiment.metric).points.iloc[0]
         speed = speedup(float(point["ratio"]), float(point["ci_low"]), float(point["ci_high"]),
                         bool(point["lower_is_better"]))
         v = Verification(f, folder, str(point["verdict"]), *speed, str(point["metric"]),

@@ -117,7 +117,7 @@ def _advice_markdown(args) -> str:
     """``perfkit advise``'s table of the new side: of NEW_DIR, or of the rows that are not the base."""
     from ..analyse.advice import advise
     from ..analyse.advice_rules import all_rules
-    from .advise import render_markdown
+    from .advice_text import render_markdown as advice_markdown
 
     if args.by is not None:
         rows = load_rows(args.base_dir)
@@ -126,7 +126,7 @@ def _advice_markdown(args) -> str:
     else:
         rows, where = load_rows(args.new_dir), args.new_dir
     try:
-        return "\n" + render_markdown(advise(rows, all_rules()), directory=where)
+        return "\n" + advice_markdown(advise(rows, all_rules()), directory=where)
     except BadInputError as e:  # no ok rows on the new side: the comparison above says why
         return f"\n### perfkit advise: `{where}`\n\nNo advice: {e.reason}\n"
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from perfkit.core.errors import BadInputError
 from perfkit.core.status import OK, OOM
 from perfkit.measuring.training import memory_model
@@ -37,8 +35,7 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     step = multiple_of or cfg.dp_size
     if not 1 <= start <= limit or start % step or step < 1:
         raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
-    budget = memory_budget_bytes or cfg.address_space_headroom_bytes or (
-        torch.cuda.get_device_properties(0).total_memory if config_device(cfg) == "cuda" else None)
+    budget = memory_budget_bytes or memory_model.memory_budget(cfg, config_device(cfg))[0]
     predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
         cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget}
     probes: list[tuple[int, str]] = []

@@ -51,7 +51,8 @@ from perfkit.core.errors import BadInputError
 from perfkit.measuring.training import activations
 
 __all__ = ["BYTES_PER_PARAM", "ModelState", "predict_model_state", "local_param_shapes",
-           "predict_for_config", "measured_model_state", "fsdp_gathered", "predicted_max_batch", "row_columns"]
+           "predict_for_config", "measured_model_state", "fsdp_gathered", "predicted_max_batch", "memory_budget",
+           "row_columns"]
 
 #: precision -> bytes per parameter element of (parameter, gradient, AdamW state).
 BYTES_PER_PARAM = {"fp32": (4, 4, 8), "tf32": (4, 4, 8), "fp8": (4, 4, 8), "bf16": (4, 4, 8),
@@ -299,12 +300,28 @@ def _max_or_nan(values: list[float]) -> float:
     return math.nan if any(v is None or math.isnan(v) for v in values) else float(max(values))
 
 
-def row_columns(cfg, rank_results: list[dict]) -> dict:
+def memory_budget(cfg, device: str) -> tuple[int | None, str]:
+    """Each rank's memory budget and where it comes from: ``address_space_headroom_bytes`` when
+    set (the CPU's OOM edge), else the GPU's memory (a device per rank); None on a CPU without it
+    (the machine's RAM is shared with every process: no per-rank edge to predict)."""
+    if cfg.address_space_headroom_bytes:
+        return int(cfg.address_space_headroom_bytes), "address_space_headroom_bytes"
+    if device in ("cuda", "hip") and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory), "device memory"
+    return None, "no per-rank budget on a CPU without address_space_headroom_bytes"
+
+
+def row_columns(cfg, rank_results: list[dict], device: str = "cpu") -> dict:
     """Training-row columns: each rank's measured model state (the max over ranks) beside the
-    prediction for ``cfg`` (a :class:`~perfkit.measuring.training.config.TrainConfig`)."""
+    prediction for ``cfg`` (a :class:`~perfkit.measuring.training.config.TrainConfig`), and the
+    largest batch predicted to fit the rank's :func:`memory_budget` (``max_batch_size_predicted``)."""
     predicted = predict_for_config(cfg)
     saved, reason = activations.activation_bytes(cfg)
+    budget, source = memory_budget(cfg, device)
+    edge = predicted_max_batch(cfg, budget, multiple_of=cfg.dp_size) if budget else None
     return {
+        "memory_budget_bytes": budget, "memory_budget_source": source,
+        "max_batch_size_predicted": math.nan if edge is None else edge,
         **{k: max(r[k] for r in rank_results) for k in ("param_bytes", "grad_bytes", "optim_state_bytes")},
         "param_bytes_predicted": predicted.param_bytes, "grad_bytes_predicted": predicted.grad_bytes,
         "optim_state_bytes_predicted": predicted.optim_state_bytes,

@@ -334,7 +334,8 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
         "trace_reason": first["trace_reason"],
         **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
-        **memory_model.row_columns(cfg, rank_results), "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
+        **memory_model.row_columns(cfg, rank_results, str(first["device"]).split(":")[0]),
+        "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
         **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
         **(_pipeline_columns(cfg, rank_results) if cfg.parallelism == "pp" else {}),
     }

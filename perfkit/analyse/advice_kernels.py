@@ -1,0 +1,134 @@
+"""The advice rules of kernels, collectives and noise: latency-bound collectives, a GEMM below the
+ceiling, noisy rows (their thresholds and sources: perfkit.analyse.advice_rules)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from .advice import (Finding, Rule, confidence_below, finite, flag, hashable, notebook_of, point_labels, present,
+                     rows_of, shown)
+
+__all__ = ["collectives_latency_bound", "gemm_below_ceiling", "noisy"]
+
+
+# ------------------------------------------------------------------------------ collectives
+
+
+def _fastest(rows: pd.DataFrame) -> float:
+    """The fastest time seen at these rows' size: their raw samples' minimum, else their ``time_s``."""
+    samples = [min(v) for v in rows.get("time_samples_s", pd.Series(dtype=object))
+               if isinstance(v, (list, np.ndarray)) and len(v)]
+    return float(min(samples)) if samples else float(rows["time_s"].min())
+
+
+def collectives_latency_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    """The latency's share of the largest message's time, t = alpha + S/beta through the smallest
+    and the largest size at their *fastest* samples (noise only adds time, so those are nearest
+    the link's own): share = 1 - (t_max - t_min)/t_max * S_max/(S_max - S_min), in [0, 1]. It is
+    the alpha-beta fit's alpha over t_max with two points, and holds where noise leaves the fit
+    bad; the fit (analyse/commfit.py) is given beside it when it describes the series."""
+    from .commfit import DEFAULT_BY, fit_alpha_beta
+
+    rows = rows_of(ok, "collectives", "size_bytes", "time_s")
+    if rows.empty:
+        return
+    by = [c for c in DEFAULT_BY if c in rows]
+    keys = [rows[c].map(lambda v: "" if not present(v) else hashable(v)) for c in by]
+    for _, group in (rows.groupby(keys, sort=False) if by else [((), rows)]):
+        s_min, s_max = float(group["size_bytes"].min()), float(group["size_bytes"].max())
+        if s_max < 4 * s_min:
+            continue  # sizes too close together to separate latency from bandwidth
+        t_min, t_max = _fastest(group[group["size_bytes"] == s_min]), _fastest(group[group["size_bytes"] == s_max])
+        share = min(1.0, max(0.0, 1 - (t_max - t_min) / t_max * s_max / (s_max - s_min)))
+        if share < rule.threshold:
+            continue
+        fit = fit_alpha_beta(group).iloc[0]
+        first = group.iloc[0]
+        yield Finding(
+            rule=rule.name, constraint=rule.constraint,
+            point=(f"{notebook_of(first).removesuffix('.ipynb')} ({first.get('op')}"
+                   f"{', in-place' if flag(first, 'inplace') else ''}, {shown(first.get('world_size'))} ranks)"),
+            config_ids=tuple(dict.fromkeys(group["config_id"])), cost_share=share, source=rule.source,
+            robust=True, confidence="low" if rule.near(share) else "high",
+            evidence={"min_size_bytes": s_min, "max_size_bytes": s_max, "fastest_min_size_time_s": t_min,
+                      "fastest_max_size_time_s": t_max, "latency_share_at_max_size": share,
+                      "fit_alpha_s": float(fit["alpha_s"]) if fit["fit_ok"] and finite(fit["alpha_s"]) else math.nan,
+                      "fit_note": fit["fit_note"]},
+            summary=(f"a {int(s_max / s_min)}x larger message ({int(s_min)} -> {int(s_max)} B) takes "
+                     f"{t_max * 1e6:.0f} us against {t_min * 1e6:.0f} us (fastest samples): {share:.0%} of the "
+                     f"largest's time is per-call latency"),
+            advice=("send fewer, larger messages: bucket gradients (DDP bucket_cap_mb, FSDP's flat parameters) "
+                    "or coalesce small collectives; measure larger sizes to see the bandwidth regime"))
+
+
+# ------------------------------------------------------------------------------ GEMM
+
+
+def gemm_below_ceiling(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    labels = point_labels(ok)
+    rows = rows_of(ok, "gemm", "flop_per_s")
+    if rows.empty:
+        return
+    ceilings = ok[(ok.get("workload") == "ceiling") & (ok.get("kind") == "compute")] if "kind" in ok else ok.iloc[0:0]
+    for dtype, group in rows.groupby(rows["dtype"].fillna("?")):
+        roof = ceilings[ceilings["dtype"] == dtype]["value"].max() if len(ceilings) else math.nan
+        origin = "the folder's measured compute ceiling"
+        if not finite(roof):
+            if len(group) < 2:
+                continue  # one GEMM and no ceiling: nothing to hold it against
+            roof, origin = float(group["flop_per_s"].max()), "the fastest GEMM of this dtype in the folder"
+        for i, row in group.iterrows():
+            fraction = float(row["flop_per_s"]) / roof
+            if fraction >= rule.threshold:
+                continue
+            # Noise only adds time: the fastest sample's rate is the most the GEMM was seen to reach.
+            samples = row.get("time_samples_s")
+            best = (fraction * float(row["time_s"]) / min(samples)
+                    if finite(row.get("time_s")) and samples is not None and len(samples) else math.nan)
+            robust = finite(best) and best < rule.threshold
+            yield Finding(
+                rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
+                cost_share=1 - fraction, confidence=confidence_below(rule, fraction, row) if robust else "low",
+                source=rule.source, robust=robust,
+                evidence={"flop_per_s": float(row["flop_per_s"]), "ceiling_flop_per_s": float(roof),
+                          "fraction_of_ceiling": fraction, "fastest_sample_fraction_of_ceiling": best,
+                          "m": row.get("m"), "n": row.get("n"), "k": row.get("k")},
+                summary=(f"reaches {fraction:.0%} of {origin} ({float(roof) / 1e9:.1f} GFLOP/s); its fastest "
+                         f"sample {best:.0%}"),
+                advice=("too small to fill the device: fixed per-call cost dominates. Batch such GEMMs (bmm, "
+                        "grouped GEMM), fuse them (torch.compile) or grow the shapes"))
+
+
+# ------------------------------------------------------------------------------ noise
+
+
+def noisy(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    """One finding per point with noisy rows: how many of its rows, and the widest spread."""
+    if "noisy" not in ok:
+        return
+    labels = point_labels(ok)
+    flagged = ok.apply(lambda row: flag(row, "noisy"), axis=1)
+    for point, rows in ok.groupby(labels, sort=False):
+        shaky = rows[flagged[rows.index]]
+        if shaky.empty:
+            continue
+        spreads = []
+        for _, row in shaky.iterrows():
+            metric = next((c for c in ("step_time_s", "time_s", "ttft_s", "loader_batch_time_s")
+                           if finite(row.get(c)) and finite(row.get(f"{c.removesuffix('_s')}_iqr_s"))), None)
+            if metric:
+                spreads.append((float(row[f"{metric.removesuffix('_s')}_iqr_s"]) / float(row[metric]), metric))
+        widest, metric = max(spreads) if spreads else (math.nan, None)
+        yield Finding(
+            rule=rule.name, constraint=rule.constraint, point=point,
+            config_ids=tuple(dict.fromkeys(shaky["config_id"])), cost_share=math.nan, confidence="low",
+            source=rule.source,
+            evidence={"noisy_rows": len(shaky), "rows": len(rows), "widest_iqr_over_median": widest, "metric": metric},
+            summary=(f"{len(shaky)} of its {len(rows)} rows {'is' if len(shaky) == 1 else 'are'} noisy"
+                     + (f" (widest: {metric} IQR {widest:.0%} of the median)" if finite(widest) else "")),
+            advice=("rerun with more samples (steps, min_run_time_s, iters) or rounds, on a quieter machine: a "
+                    "noisy median cannot say what binds it"))
