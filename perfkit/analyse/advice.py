@@ -33,16 +33,17 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import BadInputError
+from .compare_match import canon
 
-__all__ = ["NEAR_THRESHOLD", "CONFIDENCES", "Experiment", "Finding", "Rule", "advise", "findings_frame",
+__all__ = ["NEAR_THRESHOLD", "Experiment", "Finding", "Rule", "advise", "findings_frame",
            # for rules (perfkit.analyse.advice_rules and a package's own)
-           "finite", "flag", "is_noisy", "shown", "hashable", "present", "params_of", "rows_of", "notebook_of",
-           "confidence_of", "confidence_below", "point_labels"]
+           "finite", "flag", "is_noisy", "noisy_mask", "present", "rows_of", "notebook_of", "confidence_of",
+           "confidence_below", "point_labels"]
 
+_LABEL = "_advice_point"  # the column advise() keeps point_labels in while the rules run
 NEAR_THRESHOLD = 1.5
 """Evidence under this factor of its rule's threshold is ``low`` confidence: one noisy sample
 could move it across."""
-CONFIDENCES = ("high", "low")
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,16 @@ class Rule:
         return value < self.threshold * NEAR_THRESHOLD
 
 
+def noisy_mask(ok: pd.DataFrame) -> pd.Series:
+    """Which rows are flagged noisy (a missing flag is not a noisy row)."""
+    if "noisy" not in ok:
+        return pd.Series(False, index=ok.index)
+    return ok["noisy"].map(lambda v: isinstance(v, (bool, np.bool_)) and bool(v))
+
+
 def _noisy_configs(ok: pd.DataFrame) -> set[str]:
     """Configurations whose every row is flagged noisy."""
-    if "noisy" not in ok:
-        return set()
-    noisy = ok["noisy"].fillna(False).astype(bool)
-    per_config = noisy.groupby(ok["config_id"]).all()
+    per_config = noisy_mask(ok).groupby(ok["config_id"]).all()
     return set(per_config[per_config].index)
 
 
@@ -120,7 +125,8 @@ def advise(rows: pd.DataFrame, rules: Sequence[Rule]) -> list[Finding]:
     """Every rule's findings on the ``ok`` rows, ranked: per point, the largest cost first
     (``rules``: :func:`perfkit.analyse.advice_rules.all_rules`, or some of them).
 
-    A configuration whose every row is noisy keeps only the ``noisy`` rule's finding."""
+    On a configuration whose every row is noisy only ``robust`` findings stand beside the
+    ``noisy`` rule's "rerun"."""
     if "status" not in rows or "config_id" not in rows:
         raise BadInputError("these rows have no status or config_id column: are they perfkit results (perfkit.load)?")
     ok = rows[rows["status"] == "ok"]
@@ -128,6 +134,8 @@ def advise(rows: pd.DataFrame, rules: Sequence[Rule]) -> list[Finding]:
         raise BadInputError(f"no ok rows to advise on ({len(rows)} rows, statuses: "
                             f"{', '.join(sorted(rows['status'].astype(str).unique()))})")
     noisy_only = _noisy_configs(ok)
+    ok = ok.copy()  # one block: a loaded folder's frame is fragmented, and a column is added
+    ok[_LABEL] = point_labels(ok)  # once: every rule names its points by them
     found: list[Finding] = []
     for rule in rules:
         for f in rule.check(ok, rule):
@@ -175,6 +183,8 @@ _LABEL_SKIP = {"device", "seed", "steps", "warmup_steps", "profile", "profile_ac
 def point_labels(ok: pd.DataFrame) -> pd.Series:
     """Each row's configuration in words: its notebook and the parameters that differ between
     that notebook's configurations in the folder (all of them when it has one configuration)."""
+    if _LABEL in ok:
+        return ok[_LABEL]  # computed once by :func:`advise`
     labels = pd.Series("", index=ok.index, dtype=object)
     notebooks = ok["notebook"].fillna("(no notebook)") if "notebook" in ok else pd.Series("rows", index=ok.index)
     for nb, rows in ok.groupby(notebooks, sort=False):
@@ -182,39 +192,21 @@ def point_labels(ok: pd.DataFrame) -> pd.Series:
         for text in rows.get("param_names", pd.Series(dtype=object)).dropna():
             names.update(json.loads(text) if isinstance(text, str) else list(text))
         names = sorted(n for n in names if n in rows and n not in _LABEL_SKIP)
-        varying = [n for n in names if rows[n].map(hashable).nunique(dropna=False) > 1] or names[:4]
+        varying = [n for n in names if rows[n].map(canon).nunique(dropna=False) > 1] or names[:4]
         for i, row in rows.iterrows():
-            values = ", ".join(f"{n}={shown(row[n])}" for n in varying if present(row[n]))
+            values = ", ".join(f"{n}={canon(row[n])}" for n in varying if present(row[n]))
             labels[i] = f"{str(nb).removesuffix('.ipynb')}" + (f" ({values})" if values else "")
     return labels
 
 
-def shown(v) -> str:
-    """A value as a person writes it: 2, not 2.0 (int columns with a NaN elsewhere are floats)."""
-    if isinstance(v, (float, np.floating)) and float(v).is_integer():
-        return str(int(v))
-    if isinstance(v, np.ndarray):
-        return json.dumps(v.tolist(), default=str)
-    return json.dumps(v, default=str) if isinstance(v, (list, dict)) else str(v)
 
 
-def hashable(v):
-    return json.dumps(v, default=str) if isinstance(v, (list, dict, np.ndarray)) else v
 
 
 def present(v) -> bool:
     return isinstance(v, (list, tuple, np.ndarray)) or not pd.isna(v)
 
 
-def params_of(row: pd.Series) -> dict:
-    """The configuration's parameters as recorded (what a follow-up measures again)."""
-    names = json.loads(row["param_names"]) if isinstance(row.get("param_names"), str) else []
-    out = {}
-    for n in names:
-        if n in row and present(row[n]):
-            v = row[n]
-            out[n] = v.tolist() if isinstance(v, np.ndarray) else (v.item() if hasattr(v, "item") else v)
-    return out
 
 
 def rows_of(ok: pd.DataFrame, workload: str, *columns: str) -> pd.DataFrame:

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from .advice import (Finding, Rule, confidence_below, finite, flag, hashable, notebook_of, point_labels, present,
-                     rows_of, shown)
+from .advice import Finding, Rule, confidence_below, finite, flag, noisy_mask, notebook_of, point_labels, rows_of
+from .compare_match import canon
 
 __all__ = ["collectives_latency_bound", "gemm_below_ceiling", "noisy"]
 
@@ -37,7 +37,7 @@ def collectives_latency_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]
     if rows.empty:
         return
     by = [c for c in DEFAULT_BY if c in rows]
-    keys = [rows[c].map(lambda v: "" if not present(v) else hashable(v)) for c in by]
+    keys = [rows[c].map(lambda v: str(canon(v))) for c in by]  # str: a missing value is a key too
     for _, group in (rows.groupby(keys, sort=False) if by else [((), rows)]):
         s_min, s_max = float(group["size_bytes"].min()), float(group["size_bytes"].max())
         if s_max < 4 * s_min:
@@ -51,7 +51,7 @@ def collectives_latency_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]
         yield Finding(
             rule=rule.name, constraint=rule.constraint,
             point=(f"{notebook_of(first).removesuffix('.ipynb')} ({first.get('op')}"
-                   f"{', in-place' if flag(first, 'inplace') else ''}, {shown(first.get('world_size'))} ranks)"),
+                   f"{', in-place' if flag(first, 'inplace') else ''}, {canon(first.get('world_size'))} ranks)"),
             config_ids=tuple(dict.fromkeys(group["config_id"])), cost_share=share, source=rule.source,
             robust=True, confidence="low" if rule.near(share) else "high",
             evidence={"min_size_bytes": s_min, "max_size_bytes": s_max, "fastest_min_size_time_s": t_min,
@@ -111,7 +111,7 @@ def noisy(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
     if "noisy" not in ok:
         return
     labels = point_labels(ok)
-    flagged = ok.apply(lambda row: flag(row, "noisy"), axis=1)
+    flagged = noisy_mask(ok)
     for point, rows in ok.groupby(labels, sort=False):
         shaky = rows[flagged[rows.index]]
         if shaky.empty:

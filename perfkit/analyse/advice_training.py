@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from . import dataloading
-from .advice import Experiment, Finding, Rule, confidence_of, finite, hashable, is_noisy, notebook_of, point_labels, rows_of
+from .advice import Experiment, Finding, Rule, confidence_of, finite, is_noisy, notebook_of, point_labels, rows_of
+from .compare_match import canon
 
 __all__ = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom"]
 
@@ -26,7 +27,8 @@ def _measured_workers(measured: pd.DataFrame, row: pd.Series) -> int | None:
     keys = [k for k in dataloading.GROUP_KEYS if k in measured and k in row]
     same = measured
     for k in keys:
-        same = same[same[k].map(hashable).eq(hashable(row[k])) | (same[k].isna() & pd.isna(row[k]))]
+        key = canon(row[k])  # canon: NaN and None are one key, 8.0 is 8
+        same = same[same[k].map(lambda v: canon(v) == key)]
     if len(same) != 1 or int(same["rows_compared"].iloc[0]) < 2:
         return None
     return int(same["recommended_num_workers"].iloc[0])
