@@ -73,12 +73,7 @@ def run_advise(args) -> int:
         return 0
     from .compare import load_rows
 
-    try:
-        rows = load_rows(args.dir)
-    except BadInputError:
-        raise
-    except Exception as e:  # an unreadable file in the folder: say which, exit 2
-        raise BadInputError(f"{args.dir}: not readable as perfkit results ({type(e).__name__}: {e})") from e
+    rows = load_rows(args.dir)
     findings = advise(rows, rules)
     data = to_json(findings, directory=args.dir, rows=rows)
     if args.json == "-":

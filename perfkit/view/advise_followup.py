@@ -86,6 +86,11 @@ def _header(finding: Finding) -> str:
             f"# rule {finding.rule}: {finding.source}\n")
 
 
+def _write_spec(path: Path, finding: Finding, directory: Path, rounds: int) -> None:
+    path.write_text(_header(finding) + yaml.safe_dump(spec_for(finding, directory, rounds=rounds), sort_keys=False),
+                    encoding="utf-8")
+
+
 def write_specs(findings: list[Finding], directory: Path, out: Path, *, top: int, rounds: int) -> list[Path]:
     """One spec file per experiment: ``out`` for the first, ``out``'s stem + ``-2``... after it."""
     chosen = experiments(findings, top)
@@ -94,8 +99,7 @@ def write_specs(findings: list[Finding], directory: Path, out: Path, *, top: int
     paths = []
     for n, f in enumerate(chosen, 1):
         path = out if n == 1 else out.with_name(f"{out.stem}-{n}{out.suffix}")
-        path.write_text(_header(f) + yaml.safe_dump(spec_for(f, directory, rounds=rounds), sort_keys=False),
-                        encoding="utf-8")
+        _write_spec(path, f, directory, rounds)
         paths.append(path)
     return paths
 
@@ -152,8 +156,7 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, w
         folder = root / str(n)
         folder.mkdir(exist_ok=True)
         spec_path = folder / "spec.yaml"
-        spec_path.write_text(_header(f) + yaml.safe_dump(spec_for(f, directory, rounds=rounds), sort_keys=False),
-                             encoding="utf-8")
+        _write_spec(spec_path, f, directory, rounds)
         result = run_sweep(load_spec(spec_path), folder, workers=workers, progress=progress)
         rows = load_rows(folder)
         ok_sides = set(rows.loc[rows["status"] == "ok", "variant"].dropna())
