@@ -113,18 +113,17 @@ def _check_args(args) -> None:
         raise BadInputError("--advice adds the advice to the --markdown file: give --markdown FILE too")
 
 
-def _advice_markdown(args) -> str:
-    """``perfkit advise``'s table of the new side: of NEW_DIR, or of the rows that are not the base."""
+def _advice_markdown(args, new_side: pd.DataFrame) -> str:
+    """``perfkit advise``'s table of the new side (NEW_DIR's rows, or those of --by that are not the base)."""
     from ..analyse.advice import advise
     from ..analyse.advice_rules import all_rules
     from .advice_text import render_markdown as advice_markdown
 
     if args.by is not None:
-        rows = load_rows(args.base_dir)
-        rows = rows[rows[args.by].astype(str) != str(args.base)]
+        rows = new_side[new_side[args.by].astype(str) != str(args.base)]
         where = f"{args.base_dir} ({args.by} != {args.base})"
     else:
-        rows, where = load_rows(args.new_dir), args.new_dir
+        rows, where = new_side, args.new_dir
     try:
         return "\n" + advice_markdown(advise(rows, all_rules()), directory=where)
     except BadInputError as e:  # no ok rows on the new side: the comparison above says why
@@ -137,14 +136,16 @@ def run_compare(args) -> int:
     options = dict(metric=args.metric, threshold=args.threshold, alpha=args.alpha, key=tuple(args.key),
                    strict=args.strict)
     if args.by is not None:
-        c = compare_by(load_rows(args.base_dir), by=args.by, base=args.base, **options)
+        new_side = load_rows(args.base_dir)
+        c = compare_by(new_side, by=args.by, base=args.base, **options)
         title = f"{args.base_dir} by {args.by}"
     else:
-        c = compare_frames(load_rows(args.base_dir), load_rows(args.new_dir), **options)
+        new_side = load_rows(args.new_dir)
+        c = compare_frames(load_rows(args.base_dir), new_side, **options)
         title = f"base {args.base_dir} → new {args.new_dir}"
     print(render_terminal(c, title=title))
     if args.markdown:
-        text = render_markdown(c, title=title) + (_advice_markdown(args) if args.advice else "")
+        text = render_markdown(c, title=title) + (_advice_markdown(args, new_side) if args.advice else "")
         Path(args.markdown).write_text(text, encoding="utf-8")
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(c), indent=2) + "\n", encoding="utf-8")
