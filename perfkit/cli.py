@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .view.advise import add_advise_command
 
     add_advise_command(sub)
+    from .measuring.training.fit_command import add_fit_command
+
+    add_fit_command(sub)
     from .view.trace import add_trace_command
 
     add_trace_command(sub)

@@ -114,6 +114,12 @@ class TrainConfig:
     data_delay_s: float = 0.0
     """Seconds each batch fetch waits on top of drawing the batch: an input pipeline this slow.
     The fetch is outside the timed step and inside the trace's ``data_wait`` span."""
+    memory_breakdown: bool = False
+    """Track the last warm-up step's memory per rank by category and by block
+    (:mod:`perfkit.measuring.training.memory_fit`), and predict it on fake tensors beside it:
+    ``memory_tracked_*`` and ``memory_predicted_*`` columns. Needs ``warmup_steps >= 3``: the
+    tracker slows the step it tracks, so it tracks one that is not timed, in the steady state
+    (optimizer state made by the first step, DDP's buckets rebuilt by the second)."""
     profile: bool = False
     """Record a ``torch.profiler`` trace per rank of ``profile_active_steps`` steps after the
     warm-up (:mod:`perfkit.measuring.ops.trace_capture`); its steps are timed like the others."""
@@ -170,6 +176,10 @@ class TrainConfig:
         if self.profile and self.steps - self.warmup_steps < 1 + self.profile_active_steps:
             raise BadInputError(f"profile needs steps ≥ warmup_steps + 1 + profile_active_steps "
                                 f"({self.warmup_steps} + 1 + {self.profile_active_steps}), got steps={self.steps}")
+        if self.memory_breakdown and self.warmup_steps < 3:
+            raise BadInputError(f"memory_breakdown tracks the last warm-up step, in the steady state (the "
+                                f"optimizer's state made, DDP's buckets rebuilt): set warmup_steps ≥ 3, "
+                                f"got {self.warmup_steps}")
         if self.parallelism == "pp":
             self._check_pp()
         elif self.stage_delay_s:

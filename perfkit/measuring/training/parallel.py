@@ -33,7 +33,7 @@ from perfkit.core.errors import BadInputError, ConfigurationSkipped
 
 __all__ = ["DistContext", "dist_context", "check_comm_hook", "wrap_ddp", "apply_fsdp", "apply_tp",
            "apply_fsdp_tp", "make_optimizer", "PARALLELISMS", "FSDP_FAMILY", "DATA_PARALLEL",
-           "COMM_HOOKS", "dtype_from_name"]
+           "COMM_HOOKS", "dtype_from_name", "world_mesh"]
 
 PARALLELISMS = ("none", "ddp", "fsdp", "tp", "zero1", "zero2", "zero3", "fsdp_tp", "pp")
 #: Parallelisms that shard with FSDP2 (and take its mixed-precision policy).
@@ -142,11 +142,10 @@ def apply_fsdp(
     """FSDP2: ``fully_shard`` each of ``blocks`` (default ``model.blocks``; one all-gather per
     block), then the root (embeddings, head, and all of a model without blocks), over ``mesh``
     (default: a 1-D mesh of every rank). ``reshard_after_forward=False`` is ZeRO-2, True ZeRO-3."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if mesh is None:
-        mesh = init_device_mesh(_mesh_device_type(), (dist.get_world_size(),))
+        mesh = world_mesh((dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in (getattr(model, "blocks", ()) if blocks is None else blocks):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
@@ -160,7 +159,6 @@ def apply_tp(model: nn.Module, *, mesh=None, plan=None) -> nn.Module:
     """Tensor parallel over ``mesh`` (default: a 1-D mesh of every rank), from ``plan``
     (default ``model.tp_plan()``): qualified module name -> ``"colwise"``, ``"rowwise"`` or a
     torch ``ParallelStyle``."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -173,7 +171,7 @@ def apply_tp(model: nn.Module, *, mesh=None, plan=None) -> nn.Module:
     plan = {path: styles[style]() if isinstance(style, str) else style
             for path, style in (model.tp_plan() if plan is None else plan).items()}
     if mesh is None:
-        mesh = init_device_mesh(_mesh_device_type(), (dist.get_world_size(),))
+        mesh = world_mesh((dist.get_world_size(),))
     return parallelize_module(model, mesh, plan)
 
 
@@ -183,12 +181,10 @@ def apply_fsdp_tp(model: nn.Module, *, dp_degree: int, tp_degree: int,
     """FSDP2 × tensor parallel on a ``(dp, tp)`` mesh: TP inside each group of ``tp_degree``
     consecutive ranks, FSDP2 across the groups. Goes through :func:`apply_tp` and
     :func:`apply_fsdp` by module attribute, so what patches them (the scaling run) applies here."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     if dp_degree * tp_degree != dist.get_world_size():
         raise BadInputError(f"dp_degree {dp_degree} × tp_degree {tp_degree} != world size "
                             f"{dist.get_world_size()}")
-    mesh = init_device_mesh(_mesh_device_type(), (dp_degree, tp_degree), mesh_dim_names=("dp", "tp"))
+    mesh = world_mesh((dp_degree, tp_degree), names=("dp", "tp"))
     model = apply_tp(model, mesh=mesh["tp"], plan=plan)
     return apply_fsdp(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward,
                       param_dtype=param_dtype, reduce_dtype=reduce_dtype, blocks=blocks)
@@ -203,6 +199,17 @@ def make_optimizer(model: nn.Module, *, parallelism: str, lr: float) -> torch.op
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
+
+
+def world_mesh(shape: tuple[int, ...], names: tuple[str, ...] | None = None):
+    """A device mesh of every rank, ``shape`` row-major. Built outside any fake-tensor mode: the
+    mesh is process-group bookkeeping (its rank tensor is read back), never a tensor a step holds,
+    so :mod:`perfkit.measuring.training.memory_fit` can wrap a fake model with it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with unset_fake_temporarily():
+        return init_device_mesh(_mesh_device_type(), shape, mesh_dim_names=names)
 
 
 def _mesh_device_type() -> str:

@@ -48,7 +48,6 @@ import uuid
 from dataclasses import replace
 
 import torch
-from torch import nn
 
 from perfkit.analyse import mfu, pipeline_bubble
 from perfkit.core import precision
@@ -57,68 +56,17 @@ from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, error_row, raise_
 from perfkit.core.timing import Measurement
 from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
-from perfkit.measuring.training import parallel
+from perfkit.measuring.training import memory_fit, parallel
+from perfkit.measuring.training.step_setup import batch_seed, prepare, rank_batch  # noqa: F401 - batch_seed: step's API
 from perfkit.measuring.ops import trace_capture
 from perfkit.measuring.workloads import catalog
-from perfkit.measuring.workloads.workload import Workload, call_model, checkpoint_blocks, map_tensors, slice_batch
-from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device, workload_spec
+from perfkit.measuring.workloads.workload import Workload, call_model
+from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
            "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize", "row_from_ranks"]
 
 # ---- the benchmark -----------------------------------------------------------------------------
-
-
-def batch_seed(cfg: TrainConfig, step: int) -> int:
-    """The seed of global batch ``step``: one draw from (seed, step), whatever the parallelism."""
-    return cfg.seed * 2**32 + step
-
-
-def _batch(cfg: TrainConfig, work: Workload, step: int, ctx: parallel.DistContext,
-           device: torch.device):
-    """This rank's slice of global batch ``step``: drawn whole on the CPU, so every rank and a
-    single process see the same global batch; then copied, so the rank holds only its slice
-    (as a real loader's), not a view keeping the global batch alive on a CPU. Inputs may be a
-    tensor, a tuple or a dict of tensors (:mod:`perfkit.measuring.workloads.workload`)."""
-    inputs, target = work.make_batch(cfg.batch_size, seed=batch_seed(cfg, step))
-    size = cfg.batch_size // ctx.dp_size
-    lo = size * ctx.dp_rank
-    pure = cfg.precision == "bf16-pure"
-    to = lambda t: t.to(device, dtype=torch.bfloat16 if pure and t.is_floating_point() else t.dtype)  # noqa: E731
-    return (map_tensors(slice_batch(inputs, lo, lo + size), to),
-            map_tensors(slice_batch(target, lo, lo + size), lambda t: t.to(device)))
-
-
-def _prepare(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, Workload]:
-    # Weights come from spec.seed: identical on every rank and in one process.
-    work = catalog.build(workload_spec(cfg), device=device,
-                         dtype=torch.bfloat16 if cfg.precision == "bf16-pure" else torch.float32)
-    model = work.model
-    if cfg.activation_checkpointing:
-        checkpoint_blocks(model, work.blocks())
-    if cfg.precision == "fp8":
-        from torchao.float8 import convert_to_float8_training
-
-        convert_to_float8_training(model)
-    if cfg.parallelism in ("ddp", "zero1"):
-        model = parallel.wrap_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb,
-                                  gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-                                  static_graph=cfg.static_graph, comm_hook=cfg.comm_hook)
-    elif cfg.parallelism in ("fsdp", "zero2", "zero3"):
-        model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard, blocks=work.blocks(),
-                                    param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
-                                    reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
-    elif cfg.parallelism == "fsdp_tp":
-        model = parallel.apply_fsdp_tp(model, dp_degree=cfg.dp_size, tp_degree=cfg.tp_size,
-                                       blocks=work.blocks(), plan=work.tp_plan,
-                                       reshard_after_forward=cfg.reshard,
-                                       param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
-                                       reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
-    elif cfg.parallelism == "tp":
-        model = parallel.apply_tp(model, plan=work.tp_plan)
-    if cfg.compile:
-        model = torch.compile(model, mode=cfg.compile_mode)
-    return model, work
 
 
 def synchronize(device: torch.device) -> None:
@@ -158,12 +106,13 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     from perfkit.measuring.ops.counting import OpCounter, coverage
 
     device = rank_device(cfg)
-    model, work = _prepare(cfg, device)
+    model, work = prepare(cfg, device)
     optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism, lr=cfg.lr)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
     losses, samples_s, data_s, counted, saved_peak, gather_peak = [], [], [], None, math.nan, math.nan
+    memory: dict = {}
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
         trace_capture.rank_trace_path(cfg.trace_dir, ctx.rank), device=device.type, skip_steps=cfg.warmup_steps)
@@ -173,7 +122,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
         for step in range(cfg.steps):
             t_data = time.perf_counter()
             with trace_capture.data_wait_span():
-                inputs, target = _batch(cfg, work, step, ctx, device)
+                inputs, target = rank_batch(cfg, work, step, ctx, device)
                 if cfg.data_delay_s:
                     time.sleep(cfg.data_delay_s)
             if step >= cfg.warmup_steps:
@@ -181,22 +130,27 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
             synchronize(device)
             t0 = time.perf_counter()
-            # Forward and backward: what the analytic model FLOP describe (counted on step 0) and
-            # where the saved activations are measured (on the last warm-up step).
-            with counter, activations.step_meter(cfg, step, model.parameters(),
-                                                 functools.partial(memory_model.fsdp_gathered, model)) as meter:
-                optimizer.zero_grad(set_to_none=True)
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    out = call_model(model, inputs)
-                # The loss in fp32 whatever the compute dtype.
-                loss = work.loss(out, target)
-                # fp16: scale the loss so small gradients do not flush to zero.
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            # The whole step's memory, by category and block, on the second warm-up step.
+            with memory_fit.tracking(cfg, step, model, optimizer, work) as tracked:
+                # Forward and backward: what the analytic model FLOP describe (counted on step 0)
+                # and where the saved activations are measured (on the last warm-up step).
+                with counter, activations.step_meter(cfg, step, model.parameters(),
+                                                     functools.partial(memory_model.fsdp_gathered, model)) as meter:
+                    optimizer.zero_grad(set_to_none=True)
+                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                        out = call_model(model, inputs)
+                    # The loss in fp32 whatever the compute dtype.
+                    loss = work.loss(out, target)
+                    # fp16: scale the loss so small gradients do not flush to zero.
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+            if tracked is not None:
+                memory = {**tracked.result().columns("memory_tracked_"),
+                          "memory_ddp_bucket_bytes": memory_fit.ddp_bucket_bytes(model)}
             synchronize(device)
             if step >= cfg.warmup_steps:
                 samples_s.append(time.perf_counter() - t0)
@@ -222,7 +176,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
             "activation_bytes_measured": saved_peak, "param_gather_bytes_measured": gather_peak,
             "matmul_dtype_counted": _matmul_dtype(counted), "uncounted_ops": uncounted,
-            "grad_scale": scaler.get_scale() if scaler else math.nan,
+            "grad_scale": scaler.get_scale() if scaler else math.nan, "memory": memory,
             **rank_facts(work, device)}
 
 
@@ -335,6 +289,7 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "trace_reason": first["trace_reason"],
         **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
         **memory_model.row_columns(cfg, rank_results, str(first["device"]).split(":")[0]),
+        **memory_fit.row_columns(cfg, rank_results),
         "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
         **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
         **(_pipeline_columns(cfg, rank_results) if cfg.parallelism == "pp" else {}),

@@ -214,10 +214,15 @@ def mfu_vs_batch(df: pd.DataFrame):
 
 
 def training_summary(df: pd.DataFrame):
-    """Throughput, MFU, memory and saved activations vs batch size, one above the other."""
+    """Throughput, MFU, memory and saved activations vs batch size, one above the other; what held
+    the peak (:func:`perfkit.view.plots.memory.memory_at_peak`) where rows carry a breakdown."""
+    from .memory import memory_at_peak, memory_rows
+
     hv = hv_bokeh()
-    return hv.Layout([throughput_vs_batch(df), mfu_vs_batch(df), memory_vs_batch(df),
-                      activations_vs_batch(df)]).cols(1)
+    plots = [throughput_vs_batch(df), mfu_vs_batch(df), memory_vs_batch(df), activations_vs_batch(df)]
+    if not memory_rows(df).empty:
+        plots.append(memory_at_peak(df))
+    return hv.Layout(plots).cols(1)
 
 
 def training_section(rows: pd.DataFrame, all_rows: pd.DataFrame):

@@ -1,0 +1,388 @@
+"""Will it fit? A training step's memory per rank by category and by module, measured on the real
+step or predicted before any device is used by running the same step on fake tensors.
+
+**The step** is perfkit's own (:mod:`perfkit.measuring.training.step`: the workload built, checkpointed and
+wrapped by :func:`~perfkit.measuring.training.step_setup.prepare`, AdamW, autocast, the loss in fp32), in its steady state: the optimizer's
+state exists (its first step has run) and the previous step's gradients were freed by
+``zero_grad(set_to_none=True)`` at the step's start. One step is tracked by torch's
+``MemTracker`` (``FSDPMemTracker`` under FSDP2; ``torch.distributed._tools``), which follows
+every tensor storage the step creates and frees at dispatch and names its category from the
+module and optimizer hooks. ``peak_bytes`` is the most live tensor bytes at any moment of the
+step; ``at_peak`` splits that moment into :data:`CATEGORIES` (they sum to the peak).
+
+**Predicted** (:func:`predict`): the same step on a ``FakeTensorMode`` model (shapes, dtypes and
+strides, no storage: a 7B model costs the host a few hundred MB and tens of seconds), in a
+``fake`` process group as rank 0 of ``world_size`` (FSDP2's rank 0 holds the largest shards),
+so FSDP2's sharding, all-gathers and reshard are its real code. DDP is not constructed on fake
+tensors (it checks parameters across ranks); its step is the unwrapped one, plus the reducer's
+buckets, held from construction on: the parameters' bytes again (``gradient_as_bucket_view``
+makes the gradients those buckets' views, so they are not counted twice). Not modelled:
+``zero1``, ``tp``, ``fsdp_tp``, ``pp``, fp8 (torchao), ``torch.compile``; the allocator's caching and
+fragmentation on a GPU (the CUDA allocator rounds and caches: the device holds more than the
+tensors do; leave headroom), the CUDA context, NCCL's buffers.
+
+**The largest batch that fits** (:func:`largest_batch`): at a fixed sequence length the peak is
+a line in the per-rank batch, through the prediction and the one with a sample more per rank (two
+points, not the batch-scaled categories alone: autocast's 16-bit weight copies are made in the
+forward and held to backward, yet do not grow with the batch; a 7B Llama's are 13 GB). The line
+is solved for the budget; ``check`` predicts the answer and steps it while it is off.
+
+**Per module** (:class:`ModuleMemory`): each module's parameter bytes (as held on this rank) and
+the bytes its forward leaves alive (the tracked total after its forward minus before it: what it
+saved for backward, and its output); the top ``top`` blocks by their sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from perfkit.core.errors import BadInputError
+
+__all__ = ["CATEGORIES", "FIT_PARALLELISMS", "ModuleMemory", "StepMemory", "fit_reason", "predict",
+           "largest_batch", "one_more_per_rank", "step_tracker", "tracking", "row_columns", "ddp_bucket_bytes"]
+
+#: The categories a peak splits into, in the order reports stack them.
+CATEGORIES = ("parameters", "gathered_parameters", "gradients", "optimizer_state", "activations",
+              "temporaries", "inputs", "communication_buffers", "other")
+#: MemTracker's / FSDPMemTracker's reference types -> perfkit's categories.
+_CATEGORY_OF = {"Parameter": "parameters", "Sharded Param": "parameters", "Buffer": "other",
+                "Unsharded Param": "gathered_parameters", "All Gather": "gathered_parameters",
+                "Gradient": "gradients", "Sharded Grad": "gradients", "Unsharded Grad": "gradients",
+                "Activation": "activations", "Temp": "temporaries", "Inputs": "inputs",
+                "Optstate": "optimizer_state", "OptState": "optimizer_state",
+                "Reduce Scatter": "communication_buffers", "Other": "other"}
+#: The categories that grow with the per-rank batch (at a fixed sequence length).
+BATCH_SCALED = ("activations", "temporaries", "inputs")
+#: Parallelisms the fake step models.
+FIT_PARALLELISMS = ("none", "ddp", "zero2", "zero3", "fsdp")
+_PROBES = 3  # most fake steps largest_batch takes beyond its first, each way
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleMemory:
+    """One module's share: ``param_bytes`` held on this rank, ``forward_retained_bytes`` its
+    forward left alive (saved for backward, and its output)."""
+
+    name: str
+    param_bytes: int
+    forward_retained_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.forward_retained_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMemory:
+    """One rank's tracked training step: its peak and what held it."""
+
+    peak_bytes: int
+    """The most live tensor bytes at any moment of the step. Tracked, DDP's buckets count from the
+    moment backward first writes each (they were allocated in C++ before the tracker started:
+    ``memory_ddp_bucket_bytes`` is the most this can miss); predicted, they count throughout."""
+    at_peak: dict[str, int]
+    """:data:`CATEGORIES` at the moment of the peak, summing to ``peak_bytes``."""
+    modules: tuple[ModuleMemory, ...] = ()
+    """The top blocks by parameter plus forward-retained bytes, largest first."""
+    seconds: float = math.nan
+    """Wall time the tracked (or faked) step took, setup included for a prediction."""
+
+    @property
+    def batch_scaled_bytes(self) -> int:
+        """The bytes at the peak that grow with the per-rank batch (:data:`BATCH_SCALED`)."""
+        return sum(self.at_peak.get(c, 0) for c in BATCH_SCALED)
+
+    def columns(self, prefix: str) -> dict:
+        """Row columns: ``{prefix}peak_bytes``, ``{prefix}<category>_bytes`` and the top modules."""
+        return {f"{prefix}peak_bytes": self.peak_bytes,
+                **{f"{prefix}{c}_bytes": self.at_peak.get(c, 0) for c in CATEGORIES},
+                f"{prefix}top_modules": [dataclasses.asdict(m) for m in self.modules]}
+
+
+def fit_reason(cfg) -> str | None:
+    """Why the fake step cannot predict ``cfg`` (a TrainConfig), or None when it can."""
+    if cfg.parallelism not in FIT_PARALLELISMS:
+        return (f"parallelism {cfg.parallelism!r} is not modelled on fake tensors "
+                f"(modelled: {', '.join(FIT_PARALLELISMS)})")
+    if cfg.precision == "fp8":
+        return "fp8 (torchao's float8 training) is not modelled on fake tensors"
+    if cfg.compile:
+        return "torch.compile is not modelled: the prediction is of the eager step"
+    return None
+
+
+# ------------------------------------------------------------------------------ the tracker
+
+
+def _category_bytes(snapshot: dict) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for dev_snap in snapshot.values():
+        for kind, nbytes in dev_snap.items():
+            name = getattr(kind, "value", kind)
+            if name != "Total":
+                out[_CATEGORY_OF.get(name, "other")] += int(nbytes)
+    return out
+
+
+def ddp_bucket_bytes(model) -> int:
+    """The bytes of DDP's gradient buckets (the reducer's, allocated at construction and held
+    for the model's life), from DDP's own logging data; 0 for a model that is not DDP."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return 0
+    sizes = model._get_ddp_logging_data().get("bucket_sizes", "")
+    return sum(int(s) for s in str(sizes).split(",") if s.strip())
+
+
+def _held_bytes(module) -> int:
+    """The bytes of ``module``'s parameters this rank holds (a DTensor's local shard)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters()]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def _modules(tracker, top: int, blocks: dict) -> tuple[ModuleMemory, ...]:
+    total = lambda snap: sum(d.get("Total", 0) for d in snap.values())  # noqa: E731
+    out = []
+    for name, block in blocks.items():
+        s = tracker.memory_tracking.get(block)
+        if s is None:
+            continue
+        # MemTracker's states, or FSDPMemTracker's (after its all-gather, before its reshard:
+        # the gathered parameters are not what the forward leaves).
+        before = s.snapshots.get("Pre-Forward") or s.snapshots.get("After Pre-Forward") or []
+        after = s.snapshots.get("Post-Forward") or s.snapshots.get("Before Post-Forward") or []
+        if before and after:
+            out.append(ModuleMemory(name=name, param_bytes=_held_bytes(block),
+                                    forward_retained_bytes=max(0, int(total(after[0]) - total(before[0])))))
+    return tuple(sorted(out, key=lambda m: -m.total_bytes)[:top])
+
+
+class _Tracked:
+    """The tracker's result after the step: :meth:`result` once the context has exited."""
+
+    def __init__(self, model, optimizer, blocks: dict, top: int):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed.fsdp import FSDPModule
+
+        self.model, self.blocks, self.top = model, blocks, top
+        if isinstance(model, FSDPModule):
+            self.tracker = FSDPMemTracker(model, optimizer)
+        else:
+            self.tracker = MemTracker()
+            self.tracker.track_external(model, optimizer)
+        self.t0 = time.perf_counter()
+
+    def result(self) -> StepMemory:
+        at_peak = _category_bytes(self.tracker.get_tracker_snapshot("peak"))
+        # The workload's block objects, by the workload's names: a wrapper (DDP, FSDP2) keeps
+        # the objects but puts its own name in front of MemTracker's.
+        return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak,
+                          modules=_modules(self.tracker, self.top, self.blocks),
+                          seconds=time.perf_counter() - self.t0)
+
+
+@contextlib.contextmanager
+def step_tracker(model, optimizer, work=None, *, top: int = 5):
+    """Track one training step (forward, backward, optimizer step) run inside the context; the
+    yielded object's ``result()`` is its :class:`StepMemory` once the context has exited, its
+    modules ``work``'s blocks (a :class:`~perfkit.measuring.workloads.workload.Workload`; its
+    ``block_names`` resolved in its own model, which the wrappers keep)."""
+    blocks = dict(zip(work.block_names, work.blocks())) if work is not None else {}
+    tracked = _Tracked(model, optimizer, blocks, top)
+    with tracked.tracker:
+        yield tracked
+
+
+#: Warm-up steps before the one :func:`tracking` tracks: the optimizer's state exists from the
+#: first, and DDP rebuilds its buckets in its second iteration's forward (allocating them anew).
+STEPS_BEFORE_TRACKED = 2
+
+
+@contextlib.contextmanager
+def tracking(cfg, step: int, model, optimizer, work):
+    """The training loop's hook: :func:`step_tracker` around the last warm-up step (at least the
+    third: :data:`STEPS_BEFORE_TRACKED`) when ``cfg.memory_breakdown``, else nothing (None)."""
+    if not (cfg.memory_breakdown and step == cfg.warmup_steps - 1):
+        yield None
+        return
+    with step_tracker(model, optimizer, work) as tracked:
+        yield tracked
+
+
+def _predict_elsewhere(cfg) -> StepMemory:
+    """:func:`predict` in this process, or in a spawned one when this one is a rank of a job."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return predict(cfg)
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(predict, cfg).result()
+
+
+def row_columns(cfg, rank_results: list[dict]) -> dict:
+    """The row's memory breakdown (``cfg.memory_breakdown``; else no columns): the tracked step of
+    the rank with the highest peak (``memory_tracked_*``, every rank's peak in
+    ``memory_tracked_peak_bytes_per_rank``) beside the fake-tensor prediction of rank 0
+    (``memory_predicted_*``) and their ratio, rank 0's (``memory_predicted_over_tracked``)."""
+    if not cfg.memory_breakdown:
+        return {}
+    tracked = [r["memory"] for r in rank_results]
+    peaks = [t.get("memory_tracked_peak_bytes", math.nan) for t in tracked]
+    top = tracked[max(range(len(peaks)), key=lambda i: -math.inf if math.isnan(peaks[i]) else peaks[i])]
+    out = {**top, "memory_tracked_peak_bytes_per_rank": peaks}
+    reason = fit_reason(cfg)
+    out["memory_predicted_reason"] = reason
+    if reason is None:
+        pred = _predict_elsewhere(cfg)
+        out.update(pred.columns("memory_predicted_"))
+        out["memory_predicted_over_tracked"] = pred.peak_bytes / peaks[0] if peaks[0] else math.nan
+    return out
+
+
+# ------------------------------------------------------------------------------ the fake step
+
+
+def _fake_builder(fake_mode):
+    """A ``build`` for :func:`~perfkit.measuring.training.step_setup.prepare`: the workload on the meta device (outside fake mode: the
+    builders compare devices and seed generators), its parameters then made fake tensors on the
+    target device. The weights' values are not needed: memory depends on shapes and dtypes."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from perfkit.measuring.workloads import catalog
+
+    def build(spec, *, device, dtype):
+        with unset_fake_temporarily():
+            work = catalog.build(spec, device="meta", dtype=dtype)
+        with fake_mode:
+            work.model.to_empty(device=device)
+        return work
+
+    return build
+
+
+@contextlib.contextmanager
+def _fake_world(world_size: int):
+    """A ``fake`` process group with this process as rank 0 of ``world_size``, destroyed after.
+    Refuses inside a real process group (a rank of a job): the fit runs in a process of its own."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise BadInputError("the memory fit runs in a process with no process group of its own "
+                            "(perfkit fit, or a notebook's kernel), not inside a rank of a job")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _init_optimizer_state(model, optimizer) -> None:
+    """The optimizer's state as after its first step (zero gradients, one step, gradients freed)."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None) -> StepMemory:
+    """The steady-state step of ``cfg`` (a TrainConfig) on rank 0 of its world, on fake tensors:
+    nothing is allocated and no device is used (``cfg.device`` names where the tensors would
+    live; "auto" is the CPU here). Raises :class:`BadInputError` with :func:`fit_reason`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from perfkit.measuring.training import parallel
+    from perfkit.measuring.training import step_setup
+    from perfkit.measuring.workloads.workload import call_model
+
+    reason = fit_reason(cfg)
+    if reason:
+        raise BadInputError(f"cannot predict this configuration's memory: {reason}")
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    device = torch.device("cuda" if cfg.device in ("cuda", "hip") else "cpu")
+    # DDP's step is one process's on its slice of the batch (plus the buckets, below).
+    as_run = (dataclasses.replace(cfg, parallelism="none", world_size=1, batch_size=cfg.batch_size // cfg.dp_size)
+              if cfg.parallelism == "ddp" else cfg)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    with _fake_world(as_run.world_size), fake_mode:
+        model, work = step_setup.prepare(as_run, device, build=_fake_builder(fake_mode))
+        optimizer = parallel.make_optimizer(model, parallelism=as_run.parallelism, lr=cfg.lr)
+        say(f"built {cfg.model} on fake tensors ({time.perf_counter() - t0:.1f} s)")
+        _init_optimizer_state(model, optimizer)
+        ctx = parallel.dist_context(as_run.parallelism)
+        with step_tracker(model, optimizer, work, top=top) as tracked:
+            inputs, target = step_setup.rank_batch(as_run, work, 1, ctx, device)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                out = call_model(model, inputs)
+            work.loss(out, target).backward()
+            optimizer.step()
+        got = tracked.result()
+    at_peak = dict(got.at_peak)
+    if cfg.parallelism == "ddp":
+        # The reducer's buckets: one copy of every trainable parameter, in its dtype.
+        buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        at_peak["communication_buffers"] += buckets
+        if cfg.gradient_as_bucket_view:  # the gradients are views of the buckets
+            at_peak["communication_buffers"] -= min(buckets, at_peak["gradients"])
+    say(f"one step tracked ({time.perf_counter() - t0:.1f} s)")
+    return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak, modules=got.modules,
+                      seconds=time.perf_counter() - t0)
+
+
+def one_more_per_rank(cfg):
+    """``cfg`` with one more sample per data-parallel rank: the second point of the batch fit."""
+    return dataclasses.replace(cfg, batch_size=cfg.batch_size + cfg.dp_size)
+
+
+def largest_batch(cfg, prediction: StepMemory, budget_bytes: float, *, one_more: StepMemory | None = None,
+                  check: bool = False) -> tuple[int | None, StepMemory | None]:
+    """The largest global batch (a multiple of the data-parallel size) whose predicted peak fits
+    ``budget_bytes`` per rank, and its prediction when ``check`` made one. The peak is a line in
+    the per-rank batch through ``prediction`` and ``one_more`` (the prediction of
+    :func:`one_more_per_rank`, made here when not given): two points, because part of what the
+    step holds does not grow with the batch though it is made in the forward (autocast's 16-bit
+    weight copies). ``check``: the answer predicted, and stepped by one sample per rank while it
+    is off (at most a few steps). (None, None) when not even one sample per rank fits."""
+    dp = cfg.dp_size
+    n0 = cfg.batch_size // dp
+    one_more = one_more or predict(one_more_per_rank(cfg))
+    # A peak the batch does not move (nothing batch-sized held at it) is bounded by nothing but
+    # the integers: a byte per sample keeps the arithmetic finite and the answer huge.
+    per_sample = max(one_more.peak_bytes - prediction.peak_bytes, 1)
+    n = n0 + math.floor((budget_bytes - prediction.peak_bytes) / per_sample)
+    if not check:
+        return (n * dp, None) if n >= 1 else (None, None)
+    at = lambda k: predict(dataclasses.replace(cfg, batch_size=k * dp))  # noqa: E731
+    n = max(n, 1)
+    got = at(n)
+    # The peak is linear in the batch, so the guess is off by a step at most; a few probes each
+    # way bound the cost if a model's peak moves between phases.
+    if got.peak_bytes <= budget_bytes:
+        for _ in range(_PROBES):
+            more = at(n + 1)
+            if more.peak_bytes > budget_bytes:
+                break
+            n, got = n + 1, more
+        return n * dp, got
+    for _ in range(_PROBES):
+        if n == 1:
+            break
+        n -= 1
+        got = at(n)
+        if got.peak_bytes <= budget_bytes:
+            return n * dp, got
+    return None, None

@@ -1,0 +1,213 @@
+"""Issue 30: a training step's memory by category and block, tracked on the real step and predicted
+on fake tensors; `perfkit fit`.
+
+Real gloo ranks, real FSDP2 and DDP, real Hugging Face model code (random weights). The CPU peak
+of the independent check is the c10 CPU allocator's running total as the profiler records it
+(``profile_memory=True``: every tensor allocation and free, from before the model is built), in
+a process of its own; the tracked peak is torch's MemTracker over the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import multiprocessing
+
+import pytest
+
+from perfkit.cli import main
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.training import memory_fit
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import run_training
+
+LLAMA_SIZE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+              "vocab_size": 256}
+MODELS = {"transformer": {}, "hf:llama": LLAMA_SIZE}
+TOLERANCE = 0.10  # the issue's: prediction within 10 % of the measured peak
+
+
+def _cfg(model: str, parallelism: str, world_size: int, **kw) -> TrainConfig:
+    return TrainConfig(model=model, model_size=MODELS[model], parallelism=parallelism, world_size=world_size,
+                       batch_size=8 * world_size, seq_len=32, steps=4, warmup_steps=3, memory_breakdown=True,
+                       device="cpu", **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_fake_prediction_matches_the_tracked_step_on_two_gloo_ranks(model):
+    for parallelism, world_size in (("none", 1), ("ddp", 2), ("zero3", 2)):
+        row = run_training(_cfg(model, parallelism, world_size))
+        assert row["status"] == "ok", row.get("error")
+        label = f"{model} {parallelism}"
+        peaks = row["memory_tracked_peak_bytes_per_rank"]
+        assert len(peaks) == world_size and all(p > 0 for p in peaks), (label, peaks)
+        # The categories at the peak are the peak, tracked and predicted alike.
+        for side in ("tracked", "predicted"):
+            parts = sum(row[f"memory_{side}_{c}_bytes"] for c in memory_fit.CATEGORIES)
+            assert parts == row[f"memory_{side}_peak_bytes"], (label, side)
+        ratio = row["memory_predicted_over_tracked"]
+        assert ratio == pytest.approx(row["memory_predicted_peak_bytes"] / peaks[0])
+        # The tracked side misses DDP's buckets until backward first writes them (allocated in
+        # C++ before it started): allow that much on top, never more.
+        slack = row["memory_ddp_bucket_bytes"] / peaks[0] if parallelism == "ddp" else 0
+        assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE + slack, (label, ratio, slack)
+        # What each configuration holds differs as it should: zero3 shards the parameters and
+        # the optimizer state over the two ranks and gathers them; ddp holds its buckets.
+        if parallelism == "zero3":
+            assert row["memory_predicted_gathered_parameters_bytes"] > 0
+            assert row["memory_tracked_gathered_parameters_bytes"] > 0
+        if parallelism == "ddp":
+            assert row["memory_predicted_communication_buffers_bytes"] == row["memory_ddp_bucket_bytes"] > 0
+        blocks = row["memory_tracked_top_modules"]
+        assert blocks and all(b["param_bytes"] > 0 and b["forward_retained_bytes"] > 0 for b in blocks), label
+        assert [b["name"] for b in blocks] == [b["name"] for b in row["memory_predicted_top_modules"]]
+
+
+def _allocator_peak(model: str, parallelism: str, store: str) -> dict:
+    """In a process of its own: the profiler's CPU allocator total at its peak during the tracked
+    (fourth) step of a world of one, from before the build, beside that step tracked and predicted."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfkit.measuring.training import parallel
+    from perfkit.measuring.training import step_setup
+    from perfkit.measuring.workloads.workload import call_model
+
+    cfg = _cfg(model, parallelism, 1)
+    predicted = memory_fit.predict(cfg).peak_bytes
+    if parallelism != "none":
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    device, tracked = torch.device("cpu"), None
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model_, work = step_setup.prepare(cfg, device)
+        optimizer = parallel.make_optimizer(model_, parallelism=cfg.parallelism, lr=cfg.lr)
+        ctx = parallel.dist_context(cfg.parallelism)
+        for step in range(cfg.steps):
+            with torch.autograd.profiler.record_function(f"perfkit-step-{step}"):
+                with memory_fit.tracking(cfg, step, model_, optimizer, work) as t:
+                    inputs, target = step_setup.rank_batch(cfg, work, step, ctx, device)
+                    optimizer.zero_grad(set_to_none=True)
+                    work.loss(call_model(model_, inputs), target).backward()
+                    optimizer.step()
+                tracked = t.result().peak_bytes if t is not None else tracked
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+        prof.export_chrome_trace(fh.name)
+        trace = json.load(open(fh.name))["traceEvents"]
+    name = f"perfkit-step-{cfg.warmup_steps - 1}"
+    span = next(e for e in trace if e.get("name") == name and "dur" in e)
+    totals = [e["args"]["Total Allocated"] for e in trace if e.get("name") == "[memory]"
+              and span["ts"] <= e["ts"] <= span["ts"] + span["dur"]]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return {"allocator": max(totals), "tracked": tracked, "predicted": predicted}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, parallelism", [("transformer", "none"), ("hf:llama", "ddp")])
+def test_the_tracked_and_predicted_peaks_are_the_allocators_within_ten_percent(model, parallelism, tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_allocator_peak, (model, parallelism, str(tmp_path / "store")))
+    # Measured by the allocator, the peak includes what the tracker may not have seen yet
+    # (DDP's buckets); the prediction counts them, so it stays within the band regardless.
+    assert abs(got["predicted"] / got["allocator"] - 1) <= TOLERANCE, got
+    if parallelism == "none":
+        assert abs(got["tracked"] / got["allocator"] - 1) <= TOLERANCE, got
+
+
+def test_memory_breakdown_needs_three_warm_up_steps_and_an_unmodelled_config_says_why():
+    with pytest.raises(BadInputError, match="warmup_steps ≥ 3"):
+        TrainConfig(model="transformer", memory_breakdown=True, warmup_steps=2, steps=4)
+    cfg = TrainConfig(model="transformer", parallelism="tp", world_size=2, batch_size=8)
+    assert "not modelled" in memory_fit.fit_reason(cfg)
+    with pytest.raises(BadInputError, match="not modelled"):
+        memory_fit.predict(cfg)
+
+
+def test_the_largest_batch_is_solved_from_two_points_then_confirmed_by_fake_steps():
+    cfg = TrainConfig(model="transformer", parallelism="zero3", world_size=2, batch_size=8, seq_len=32)
+    base, one_more = memory_fit.predict(cfg), memory_fit.predict(memory_fit.one_more_per_rank(cfg))
+    per_sample = one_more.peak_bytes - base.peak_bytes
+    assert 0 < per_sample < base.batch_scaled_bytes  # not all the forward's bytes grow with the batch
+    budget = base.peak_bytes + 5.5 * per_sample  # room for five more samples per rank
+    guess, _ = memory_fit.largest_batch(cfg, base, budget, one_more=one_more)
+    checked, at = memory_fit.largest_batch(cfg, base, budget, one_more=one_more, check=True)
+    assert guess == 8 + 5 * 2  # four per rank, five more: a multiple of the data-parallel size
+    assert abs(checked - guess) <= 2, (guess, checked)  # within one step of the batch axis
+    assert at.peak_bytes <= budget
+    over = memory_fit.predict(dataclasses.replace(cfg, batch_size=checked + 2))
+    assert over.peak_bytes > budget  # one more step of the batch axis does not fit
+    assert memory_fit.largest_batch(cfg, base, base.peak_bytes - 4 * per_sample, one_more=one_more) == (None, None)
+
+
+def test_perfkit_fit_against_a_known_device_an_unknown_one_and_a_tiny_budget(capsys, tmp_path):
+    common = ["fit", "transformer", "--batch", "16", "--parallelism", "zero3", "--world-size", "2"]
+    out = tmp_path / "fit.json"
+    assert main([*common, "--device", "mi300x", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "AMD Instinct MI300X, 192 GB" in text and "FITS" in text and "with activation checkpointing on" in text
+    got = json.loads(out.read_text())
+    assert got["device_memory_bytes"] == 192e9 and got["fits"] is True
+    assert got["predicted_peak_bytes"] == sum(got[f"predicted_{c}_bytes"] for c in memory_fit.CATEGORIES)
+    assert got["other"]["activation_checkpointing"] is True
+    assert got["other"]["predicted_activations_bytes"] < got["predicted_activations_bytes"]
+    assert got["largest_batch"] > 16 and got["largest_batch"] % 2 == 0
+    # A budget below the prediction: exit 1, does not fit, the largest batch named.
+    small = int(got["predicted_peak_bytes"] * 0.8)
+    assert main([*common, "--memory-bytes", str(small), "--headroom", "0", "--no-compare", "--json", "-"]) == 1
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["fits"] is False and tight["budget_bytes"] == small and "other" not in tight
+    assert 0 < tight["largest_batch"] < 16
+    assert not math.isnan(tight["predicted_activations_bytes"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu-v5"], "unknown device 'tpu-v5'"),
+    ([], "give --device NAME"),
+    (["--memory-bytes", "lots"], "--memory-bytes 'lots'"),
+    (["--memory-bytes", "80GB", "--parallelism", "ddp", "--world-size", "2", "--batch", "3"], "batch"),
+    (["--memory-bytes", "80GB", "--headroom", "1.5"], "--headroom"),
+    (["--memory-bytes", "80GB", "--precision", "fp8"], "fp8"),
+    (["--memory-bytes", "80GB", "--size", "widthh=3"], "widthh"),
+])
+def test_perfkit_fit_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert main(["fit", "transformer", "--no-compare", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text, expected", [("80e9", 80e9), ("80GB", 80e9), ("192GiB", 192 * 2**30), ("1024", 1024)])
+def test_memory_sizes_parse_in_decimal_and_binary_units(text, expected):
+    from perfkit.measuring.training.fit_command import parse_bytes
+
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.slow
+def test_the_notebook_records_the_breakdown_and_the_report_draws_it(tmp_path):
+    # A real papermill kernel runs notebooks/train_step.ipynb: the columns survive Parquet (the top
+    # blocks as a list of records), and the plot stacks the tracked categories under the prediction.
+    import perfkit
+    from perfkit.view.plots.memory import CATEGORIES, memory_at_peak
+
+    out = tmp_path / "runs"
+    params = {"model": "transformer", "parallelism": "zero3", "world_size": "2", "batch_size": "8", "steps": "4",
+              "warmup_steps": "3", "memory_breakdown": "True", "device": "cpu"}
+    args = ["run", "notebooks/train_step.ipynb", "--out", str(out)]
+    for key, value in params.items():
+        args += ["-p", key, value]
+    assert main(args) == 0
+    row = perfkit.load(out).iloc[0]
+    assert row["memory_tracked_peak_bytes"] == sum(row[f"memory_tracked_{c}_bytes"] for c in CATEGORIES)
+    assert abs(row["memory_predicted_over_tracked"] - 1) <= TOLERANCE
+    assert {b["name"] for b in row["memory_tracked_top_modules"]} == {"blocks.0", "blocks.1"}
+    assert tuple(CATEGORIES) == memory_fit.CATEGORIES
+    plot = memory_at_peak(perfkit.load(out))
+    bars = plot.Bars.I
+    assert set(bars.data["part"]) == {CATEGORIES[c] for c in memory_fit.CATEGORIES if row[f"memory_tracked_{c}_bytes"]}
+    assert plot.Scatter.Predicted.data["predicted"].iloc[0] > 0
