@@ -65,6 +65,42 @@ def test_the_fake_prediction_matches_the_tracked_step_on_two_gloo_ranks(model):
         assert [b["name"] for b in blocks] == [b["name"] for b in row["memory_predicted_top_modules"]]
 
 
+def test_the_peak_only_tracker_reads_the_same_peak_as_torchs_own():
+    # perfkit's tracker overrides MemTracker's private per-op peak update (for speed): on a real
+    # step both must see the same peak and split, or a torch upgrade changed what it overrides.
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def tracked(tracker_class):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+        optimizer = torch.optim.AdamW(model.parameters())
+        tracker = tracker_class()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for step in range(2):
+                optimizer.zero_grad(set_to_none=True)
+                model(torch.randn(32, 64)).square().mean().backward()
+                optimizer.step()
+                if step == 0:
+                    tracker.reset_mod_stats()
+        return memory_fit._category_bytes(tracker.get_tracker_snapshot("peak"))
+
+    ours, torchs = tracked(memory_fit._peak_only(MemTracker)), tracked(MemTracker)
+    assert ours == torchs and sum(ours.values()) > 0
+
+
+def test_a_users_entry_point_is_predicted_as_it_runs():
+    # The entry point's batch closes over a tensor its builder made (on the meta device when the
+    # prediction builds it): drawn there, then given as fake tensors.
+    cfg = TrainConfig(model="_user_models:recommender", model_size={"width": 32, "depth": 3}, batch_size=16,
+                      steps=4, warmup_steps=3, memory_breakdown=True, device="cpu")
+    row = run_training(cfg)
+    assert row["status"] == "ok", row.get("error")
+    assert abs(row["memory_predicted_over_tracked"] - 1) <= TOLERANCE
+    assert [b["name"] for b in row["memory_predicted_top_modules"]][:1] == [b["name"] for b in row["memory_tracked_top_modules"]][:1]
+
+
 def _allocator_peak(model: str, parallelism: str, store: str) -> dict:
     """In a process of its own: the profiler's CPU allocator total at its peak during the tracked
     (fourth) step of a world of one, from before the build, beside that step tracked and predicted."""
@@ -196,7 +232,7 @@ def test_the_notebook_records_the_breakdown_and_the_report_draws_it(tmp_path):
     from perfkit.view.plots.memory import CATEGORIES, memory_at_peak
 
     out = tmp_path / "runs"
-    params = {"model": "transformer", "parallelism": "zero3", "world_size": "2", "batch_size": "8", "steps": "4",
+    params = {"model": "transformer", "parallelism": "none", "world_size": "1", "batch_size": "8", "steps": "4",
               "warmup_steps": "3", "memory_breakdown": "True", "device": "cpu"}
     args = ["run", "notebooks/train_step.ipynb", "--out", str(out)]
     for key, value in params.items():

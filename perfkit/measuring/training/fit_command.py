@@ -92,7 +92,7 @@ def _config(args):
         if not sep or not key:
             raise BadInputError(f"--size {item!r}: give KEY=VALUE (e.g. --size num_hidden_layers=32)")
         size[key] = _value(value)
-    return TrainConfig(model=args.model, model_size=size, batch_size=args.batch, seq_len=args.seq_len,
+    return TrainConfig(model=args.model, model_size=size, model_path=args.model_path, batch_size=args.batch, seq_len=args.seq_len,
                        precision=args.precision, parallelism=args.parallelism, world_size=args.world_size,
                        activation_checkpointing=args.activation_checkpointing,
                        fsdp_param_dtype=args.fsdp_param_dtype, device="cpu", count_flops=False)
@@ -106,6 +106,7 @@ def add_fit_command(sub) -> None:
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL",
                    help="transformer, mlp, convnet, hf:<model_type>, torchvision:<name> or package.module:function")
+    p.add_argument("--model-path", metavar="DIR", help="a folder put first on sys.path before an entry point is imported")
     p.add_argument("--size", action="append", default=[], metavar="KEY=VALUE",
                    help="the model's size (repeatable): perfkit's model_size, or the HF config's fields")
     p.add_argument("--batch", type=int, default=8, help="global batch (default 8), split over the data-parallel ranks")

@@ -163,6 +163,21 @@ def _modules(tracker, top: int, blocks: dict) -> tuple[ModuleMemory, ...]:
     return tuple(sorted(out, key=lambda m: -m.total_bytes)[:top])
 
 
+def _peak_only(tracker_class):
+    """``tracker_class`` keeping only the step's overall peak (and its snapshot) after each op,
+    not every active module's local peak: the base walks all tracked modules per op (a 32-layer
+    model: ~20 % of a fake step), and perfkit reads no module's local peak."""
+
+    class PeakOnly(tracker_class):
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+    return PeakOnly
+
+
 class _Tracked:
     """The tracker's result after the step: :meth:`result` once the context has exited."""
 
@@ -173,9 +188,9 @@ class _Tracked:
 
         self.model, self.blocks, self.top = model, blocks, top
         if isinstance(model, FSDPModule):
-            self.tracker = FSDPMemTracker(model, optimizer)
+            self.tracker = _peak_only(FSDPMemTracker)(model, optimizer)
         else:
-            self.tracker = MemTracker()
+            self.tracker = _peak_only(MemTracker)()
             self.tracker.track_external(model, optimizer)
         self.t0 = time.perf_counter()
 
@@ -253,19 +268,37 @@ def row_columns(cfg, rank_results: list[dict]) -> dict:
 
 
 def _fake_builder(fake_mode):
-    """A ``build`` for :func:`~perfkit.measuring.training.step_setup.prepare`: the workload on the meta device (outside fake mode: the
-    builders compare devices and seed generators), its parameters then made fake tensors on the
-    target device. The weights' values are not needed: memory depends on shapes and dtypes."""
+    """A ``build`` for :func:`~perfkit.measuring.training.step_setup.prepare`: the workload on the
+    meta device (outside fake mode: the builders compare devices and seed generators), its
+    parameters then made fake tensors on the target device. Its batches are drawn on the meta
+    device (nothing allocated; a user's ``make_batch`` may close over tensors its builder made,
+    on meta here), else, when the draw mixes in CPU tensors of the builder (perfkit's tasks), on
+    the CPU; then given as fake tensors of their shapes, strides and dtypes. No value is needed:
+    memory depends on shapes and dtypes."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from perfkit.measuring.workloads import catalog
+    from perfkit.measuring.workloads.workload import map_tensors
 
     def build(spec, *, device, dtype):
         with unset_fake_temporarily():
             work = catalog.build(spec, device="meta", dtype=dtype)
         with fake_mode:
             work.model.to_empty(device=device)
-        return work
+        draw = work._batch
+
+        def batch(n: int, generator):
+            with unset_fake_temporarily():
+                try:  # nothing allocated; a closure's tensors made on the meta device work here
+                    with torch.device("meta"):
+                        inputs, targets = draw(n, generator)
+                except RuntimeError:  # a closure's tensors on the CPU (perfkit's tasks): drawn there
+                    inputs, targets = draw(n, generator)
+            with fake_mode:
+                fake = lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)  # noqa: E731
+                return map_tensors(inputs, fake), map_tensors(targets, fake)
+
+        return dataclasses.replace(work, _batch=batch)
 
     return build
 
