@@ -259,6 +259,11 @@ def test_find_max_batch_size_doubles_then_bisects_to_the_oom_edge():
     assert all((status == "ok") == (batch <= best) for batch, status in found["probes"])
     # Bisection probed between the last doubling that fit and the first that did not.
     assert any(batch & (batch - 1) for batch, _ in found["probes"])  # not a power of two
+    # Issue 30: the fake-tensor step's edge counts tensors only; the address space holds more
+    # (glibc's heap, BLAS workspaces), so the measured edge lies at or below it (measured here:
+    # 20480 found, 28672 predicted from tensors, 57344 by the analytic model).
+    fake = found["max_batch_size_predicted_fake"]
+    assert fake is not None and fake % 2**12 == 0 and best <= fake + 2**12, found
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 
 :func:`find_max_batch_size` runs :func:`perfkit.measuring.training.step.run_training` at growing batch
 sizes (each run isolated in its own processes, so an OOM ends a run, never the search) and puts
-the edge :func:`perfkit.measuring.training.memory_model.predicted_max_batch` predicts beside the one it
-measured.
+the edges predicted beside the one it measured: :func:`perfkit.measuring.training.memory_model.predicted_max_batch`
+(the ZeRO accounting and the activation model, from shapes) and
+:func:`perfkit.measuring.training.memory_fit.largest_batch` (the step run on fake tensors).
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ from dataclasses import replace
 
 from perfkit.core.errors import BadInputError
 from perfkit.core.status import OK, OOM
-from perfkit.measuring.training import memory_model
+from perfkit.measuring.training import memory_fit, memory_model
 from perfkit.measuring.training.config import TrainConfig, config_device
 from perfkit.measuring.training.step import run_training
 
 __all__ = ["find_max_batch_size"]
+
+
+def _fake_edge(cfg: TrainConfig, budget: int | None, step: int) -> int | None:
+    """The fake-tensor step's largest batch for ``budget``, down to a multiple of ``step``."""
+    if budget is None or memory_fit.fit_reason(cfg):
+        return None
+    batch, _ = memory_fit.largest_batch(cfg, memory_fit.predict(cfg), budget)
+    return None if batch is None else batch // step * step or None
 
 
 def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: float = 600.0,
@@ -30,14 +39,19 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     ``stopped_by`` (a row whose status was neither ok nor oom, else None) and, beside the measured
     edge, ``max_batch_size_predicted`` by :func:`perfkit.measuring.training.memory_model.predicted_max_batch`
     for ``memory_budget_bytes`` per rank (default: the address-space headroom, else the GPU's
-    memory; None without a budget) and the ``memory_budget_bytes`` it used.
+    memory; None without a budget) and the ``memory_budget_bytes`` it used, and
+    ``max_batch_size_predicted_fake`` by :func:`perfkit.measuring.training.memory_fit.largest_batch`
+    from the fake-tensor step at ``start`` (None without a budget or where the fake step does not
+    model the configuration: ``memory_fit.fit_reason``). Both count tensors; a CPU's address space
+    holds more (the allocator's and BLAS's own), so the measured edge lies at or below them.
     """
     step = multiple_of or cfg.dp_size
     if not 1 <= start <= limit or start % step or step < 1:
         raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
     budget = memory_budget_bytes or memory_model.memory_budget(cfg, config_device(cfg))[0]
     predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
-        cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget}
+        cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget,
+        "max_batch_size_predicted_fake": _fake_edge(replace(cfg, batch_size=start), budget, step)}
     probes: list[tuple[int, str]] = []
 
     def fits(batch: int) -> bool | dict:
