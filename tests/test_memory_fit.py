@@ -47,6 +47,13 @@ def test_the_fake_prediction_matches_the_tracked_step_on_two_gloo_ranks(model):
         for side in ("tracked", "predicted"):
             parts = sum(row[f"memory_{side}_{c}_bytes"] for c in memory_fit.CATEGORIES)
             assert parts == row[f"memory_{side}_peak_bytes"], (label, side)
+            # Each phase has its peak; the step's is the largest, and each is predicted too.
+            phases = [row[f"memory_{side}_peak_{p}_bytes"] for p in memory_fit.PHASES]
+            assert max(phases) == row[f"memory_{side}_peak_bytes"] and min(phases) > 0, (label, side, phases)
+        for p in memory_fit.PHASES:
+            tracked, predicted = row[f"memory_tracked_peak_{p}_bytes"], row[f"memory_predicted_peak_{p}_bytes"]
+            bound = 1 + TOLERANCE + (row["memory_ddp_bucket_bytes"] / tracked if parallelism == "ddp" else 0)
+            assert 1 - TOLERANCE <= predicted / tracked <= bound, (label, p, tracked, predicted)
         ratio = row["memory_predicted_over_tracked"]
         assert ratio == pytest.approx(row["memory_predicted_peak_bytes"] / peaks[0])
         # The tracked side misses DDP's buckets until backward first writes them (allocated in

@@ -208,7 +208,7 @@ def run_fit(args) -> int:
 
 
 def _render(r: dict, pred) -> str:
-    from perfkit.measuring.training.memory_fit import CATEGORIES
+    from perfkit.measuring.training.memory_fit import CATEGORIES, PHASES
 
     ac = "on" if r["activation_checkpointing"] else "off"
     lines = [f"{r['model']} · {r['parallelism']} on {r['world_size']} rank(s) · {r['precision']} · "
@@ -219,6 +219,7 @@ def _render(r: dict, pred) -> str:
              f"predicted peak per rank (rank 0, fake tensors, {r['seconds']:.1f} s): "
              f"{_gib(r['predicted_peak_bytes']).strip()} -> {'FITS' if r['fits'] else 'DOES NOT FIT'}"]
     lines += [f"  {c:<22}{_gib(r[f'predicted_{c}_bytes'])}" for c in CATEGORIES if r[f"predicted_{c}_bytes"]]
+    lines.append("peak by phase: " + ", ".join(f"{p} {_gib(r[f'predicted_peak_{p}_bytes']).strip()}" for p in PHASES))
     if pred.modules:
         lines.append("blocks holding the most (parameters on this rank + what their forward keeps):")
         lines += [f"  {m.name:<40}{_gib(m.total_bytes)}" for m in pred.modules]

@@ -45,12 +45,14 @@ import torch
 
 from perfkit.core.errors import BadInputError
 
-__all__ = ["CATEGORIES", "FIT_PARALLELISMS", "ModuleMemory", "StepMemory", "fit_reason", "predict",
+__all__ = ["CATEGORIES", "PHASES", "FIT_PARALLELISMS", "ModuleMemory", "StepMemory", "fit_reason", "predict",
            "largest_batch", "one_more_per_rank", "step_tracker", "tracking", "row_columns", "ddp_bucket_bytes"]
 
 #: The categories a peak splits into, in the order reports stack them.
 CATEGORIES = ("parameters", "gathered_parameters", "gradients", "optimizer_state", "activations",
               "temporaries", "inputs", "communication_buffers", "other")
+#: The phases of a step whose peaks are kept apart.
+PHASES = ("forward", "backward", "optimizer")
 #: MemTracker's / FSDPMemTracker's reference types -> perfkit's categories.
 _CATEGORY_OF = {"Parameter": "parameters", "Sharded Param": "parameters", "Buffer": "other",
                 "Unsharded Param": "gathered_parameters", "All Gather": "gathered_parameters",
@@ -91,6 +93,9 @@ class StepMemory:
     """:data:`CATEGORIES` at the moment of the peak, summing to ``peak_bytes``."""
     modules: tuple[ModuleMemory, ...] = ()
     """The top blocks by parameter plus forward-retained bytes, largest first."""
+    phase_peak_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The peak within each of :data:`PHASES` (forward with the loss, backward, the optimizer's
+    step); the largest is ``peak_bytes``."""
     seconds: float = math.nan
     """Wall time the tracked (or faked) step took, setup included for a prediction."""
 
@@ -103,6 +108,7 @@ class StepMemory:
         """Row columns: ``{prefix}peak_bytes``, ``{prefix}<category>_bytes`` and the top modules."""
         return {f"{prefix}peak_bytes": self.peak_bytes,
                 **{f"{prefix}{c}_bytes": self.at_peak.get(c, 0) for c in CATEGORIES},
+                **{f"{prefix}peak_{p}_bytes": self.phase_peak_bytes.get(p, math.nan) for p in PHASES},
                 f"{prefix}top_modules": [dataclasses.asdict(m) for m in self.modules]}
 
 
@@ -164,13 +170,17 @@ def _modules(tracker, top: int, blocks: dict) -> tuple[ModuleMemory, ...]:
 
 
 def _peak_only(tracker_class):
-    """``tracker_class`` keeping only the step's overall peak (and its snapshot) after each op,
-    not every active module's local peak: the base walks all tracked modules per op (a 32-layer
-    model: ~20 % of a fake step), and perfkit reads no module's local peak."""
+    """``tracker_class`` keeping the step's overall peak (and its snapshot) and each phase's peak
+    after each op, not every active module's local peak: the base walks all tracked modules per op
+    (a 32-layer model: ~20 % of a fake step), and perfkit reads no module's local peak. The phase
+    is the tracker's own: in the optimizer's step, in backward, else forward (the loss included)."""
 
     class PeakOnly(tracker_class):
         def _update_peak_stats(self, peak_state) -> None:
+            phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            phases = self.__dict__.setdefault("phase_peaks", dict.fromkeys(PHASES, 0))
             for dev, snap in self._curr_mem_snap.items():
+                phases[phase] = max(phases[phase], snap["Total"])
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
@@ -199,6 +209,7 @@ class _Tracked:
         # The workload's block objects, by the workload's names: a wrapper (DDP, FSDP2) keeps
         # the objects but puts its own name in front of MemTracker's.
         return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak,
+                          phase_peak_bytes=dict(getattr(self.tracker, "phase_peaks", {})),
                           modules=_modules(self.tracker, self.top, self.blocks),
                           seconds=time.perf_counter() - self.t0)
 
@@ -364,16 +375,17 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
             work.loss(out, target).backward()
             optimizer.step()
         got = tracked.result()
-    at_peak = dict(got.at_peak)
+    at_peak, phases = dict(got.at_peak), dict(got.phase_peak_bytes)
     if cfg.parallelism == "ddp":
         # The reducer's buckets: one copy of every trainable parameter, in its dtype.
         buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         at_peak["communication_buffers"] += buckets
         if cfg.gradient_as_bucket_view:  # the gradients are views of the buckets
             at_peak["communication_buffers"] -= min(buckets, at_peak["gradients"])
+        phases = {p: v + buckets for p, v in phases.items()}  # held through every phase
     say(f"one step tracked ({time.perf_counter() - t0:.1f} s)")
-    return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak, modules=got.modules,
-                      seconds=time.perf_counter() - t0)
+    return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak, phase_peak_bytes=phases,
+                      modules=got.modules, seconds=time.perf_counter() - t0)
 
 
 def one_more_per_rank(cfg):
