@@ -216,12 +216,24 @@ def test_perfkit_fit_against_a_known_device_an_unknown_one_and_a_tiny_budget(cap
     (["--memory-bytes", "80GB", "--parallelism", "ddp", "--world-size", "2", "--batch", "3"], "batch"),
     (["--memory-bytes", "80GB", "--headroom", "1.5"], "--headroom"),
     (["--memory-bytes", "80GB", "--precision", "fp8"], "fp8"),
+    (["--memory-bytes", "80GB", "--parallelism", "tp", "--world-size", "2"], "not modelled"),
     (["--memory-bytes", "80GB", "--size", "widthh=3"], "widthh"),
 ])
 def test_perfkit_fit_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(["fit", "transformer", "--no-compare", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_the_cli_names_the_modelled_parallelisms_without_importing_torch():
+    import subprocess
+    import sys
+
+    from perfkit.measuring.training.fit_command import MODELLED
+
+    assert MODELLED == memory_fit.FIT_PARALLELISMS
+    code = "import sys; from perfkit.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("text, expected", [("80e9", 80e9), ("80GB", 80e9), ("192GiB", 192 * 2**30), ("1024", 1024)])

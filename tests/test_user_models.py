@@ -243,14 +243,17 @@ def test_hf_llama_scales_over_ranks_with_its_tokens_and_family_in_the_rows():
 def test_hf_vision_model_finds_its_oom_edge_under_an_address_space_cap():
     from perfkit.measuring.training.batch_search import find_max_batch_size
 
-    # 256 images of 64×64 fit 256 MiB of headroom, 512 do not (measured here): two probes, each
-    # its own capped process, find the edge; the search bisects to multiples of 256.
-    base = {**RESNET, "steps": 2, "count_flops": False, "batch_size": 256}
+    # 128 images of 64×64 fit 256 MiB of headroom with room to spare, 512 do not, 256 mostly do
+    # (one run in three ran out here: too near the edge to start from): each probe its own capped
+    # process; the search bisects to multiples of 128.
+    base = {**RESNET, "steps": 2, "count_flops": False, "batch_size": 128}
     cfg = TrainConfig(**base, address_space_headroom_bytes=256 * 2**20)
-    found = find_max_batch_size(cfg, start=256, limit=4096, multiple_of=256, timeout_s=300)
+    found = find_max_batch_size(cfg, start=128, limit=4096, multiple_of=128, timeout_s=300)
     statuses = {status for _, status in found["probes"]}
-    assert found["stopped_by"] is None and "oom" in statuses and "ok" in statuses, found["probes"]
-    assert 256 <= found["max_batch_size"] < 4096
+    # A probe that ended neither ok nor oom stops the search: its error says why.
+    stopped = (found["stopped_by"] or {}).get("error")
+    assert stopped is None and "oom" in statuses and "ok" in statuses, (found["probes"], stopped)
+    assert 128 <= found["max_batch_size"] < 4096
 
 
 @pytest.mark.slow
