@@ -16,6 +16,7 @@ import multiprocessing
 
 import pytest
 
+from conftest import NOTEBOOKS
 from perfkit.cli import main
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.training import memory_fit
@@ -253,7 +254,7 @@ def test_the_notebook_records_the_breakdown_and_the_report_draws_it(tmp_path):
     out = tmp_path / "runs"
     params = {"model": "transformer", "parallelism": "none", "world_size": "1", "batch_size": "8", "steps": "4",
               "warmup_steps": "3", "memory_breakdown": "True", "device": "cpu"}
-    args = ["run", "notebooks/train_step.ipynb", "--out", str(out)]
+    args = ["run", str(NOTEBOOKS / "train_step.ipynb"), "--out", str(out)]  # whatever the cwd
     for key, value in params.items():
         args += ["-p", key, value]
     assert main(args) == 0
