@@ -374,3 +374,23 @@ def test_two_ways_to_pick_the_matmul_dtype_at_once_are_refused(precision, param_
     with pytest.raises(BadInputError, match="fsdp_param_dtype"):
         TrainConfig(**MLP, parallelism="zero3", world_size=2, precision=precision,
                     fsdp_param_dtype=param_dtype)
+
+
+def test_a_onednn_primitive_failure_is_an_oom_under_the_address_space_cap_only(monkeypatch):
+    # CI: a ResNet probe between an ok and an oom batch ended "could not create a primitive"
+    # (oneDNN's allocation failing under RLIMIT_AS); the edge search stopped on it as a failure.
+    from perfkit.core.status import OOM, status_for_error
+    from perfkit.measuring.training import step
+
+    def failing(cfg, ctx):
+        raise RuntimeError("could not create a primitive")
+
+    monkeypatch.setattr(step, "_cap_address_space", lambda headroom: None)  # not this process
+    monkeypatch.setattr(step, "_run", failing)
+    capped = TrainConfig(model="mlp", steps=2, address_space_headroom_bytes=2**29)
+    with pytest.raises(MemoryError, match="could not create a primitive") as raised:
+        step.train_rank(capped.as_dict())
+    assert status_for_error(type(raised.value).__name__, str(raised.value)) == OOM
+    with pytest.raises(RuntimeError, match="could not create a primitive") as plain:
+        step.train_rank(TrainConfig(model="mlp", steps=2).as_dict())
+    assert not isinstance(plain.value, MemoryError)

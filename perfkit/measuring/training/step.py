@@ -340,9 +340,21 @@ def train_rank(config: dict) -> dict:
     """:func:`perfkit.run.launch.launch` target: one rank of ``TrainConfig(**config)``."""
     cfg = TrainConfig(**config)
     check_supported(cfg)
-    if cfg.address_space_headroom_bytes is not None:
-        _cap_address_space(cfg.address_space_headroom_bytes)
-    return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
+    if cfg.address_space_headroom_bytes is None:
+        return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
+    _cap_address_space(cfg.address_space_headroom_bytes)
+    try:
+        return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
+    except RuntimeError as exc:
+        # Under the cap oneDNN reports a failed allocation as "could not create a primitive" (its
+        # out-of-memory status, as torch's ideep words it): seen between an ok batch and an oom
+        # one of the same model, the edge of the batch axis like any other OOM.
+        if _ONEDNN_ALLOC in str(exc):
+            raise MemoryError(f"{exc} (oneDNN, under the address-space cap: its allocation failed)") from exc
+        raise
+
+
+_ONEDNN_ALLOC = "could not create a primitive"
 
 
 def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
