@@ -348,7 +348,6 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
 
     from perfkit.measuring.training import parallel
     from perfkit.measuring.training import step_setup
-    from perfkit.measuring.workloads.workload import call_model
 
     reason = fit_reason(cfg)
     if reason:
@@ -360,7 +359,6 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
     as_run = (dataclasses.replace(cfg, parallelism="none", world_size=1, batch_size=cfg.batch_size // cfg.dp_size)
               if cfg.parallelism == "ddp" else cfg)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     with _fake_world(as_run.world_size), fake_mode:
         model, work = step_setup.prepare(as_run, device, build=_fake_builder(fake_mode))
         optimizer = parallel.make_optimizer(model, parallelism=as_run.parallelism, lr=cfg.lr)
@@ -370,10 +368,11 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
         with step_tracker(model, optimizer, work, top=top) as tracked:
             inputs, target = step_setup.rank_batch(as_run, work, 1, ctx, device)
             optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                out = call_model(model, inputs)
-            work.loss(out, target).backward()
-            optimizer.step()
+            # fp16's GradScaler is left out: it reads its inf check back (data-dependent on fake
+            # tensors) and holds a scalar per device, no more.
+            step_setup.forward_backward(work, model, inputs, target, device_type=device.type,
+                                        amp_dtype=step_setup.autocast_dtype(cfg))
+            step_setup.optimizer_step(optimizer)
         got = tracked.result()
     at_peak, phases = dict(got.at_peak), dict(got.phase_peak_bytes)
     if cfg.parallelism == "ddp":

@@ -57,10 +57,11 @@ from perfkit.core.timing import Measurement
 from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
 from perfkit.measuring.training import memory_fit, parallel
-from perfkit.measuring.training.step_setup import batch_seed, prepare, rank_batch  # noqa: F401 - batch_seed: step's API
+from perfkit.measuring.training.step_setup import (autocast_dtype, batch_seed, forward_backward,  # noqa: F401 - batch_seed: step's API
+                                                   optimizer_step, prepare, rank_batch)
 from perfkit.measuring.ops import trace_capture
 from perfkit.measuring.workloads import catalog
-from perfkit.measuring.workloads.workload import Workload, call_model
+from perfkit.measuring.workloads.workload import Workload
 from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
@@ -108,7 +109,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     device = rank_device(cfg)
     model, work = prepare(cfg, device)
     optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism, lr=cfg.lr)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    amp_dtype = autocast_dtype(cfg)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     count = _count_reason(cfg) is None
     losses, samples_s, data_s, counted, saved_peak, gather_peak = [], [], [], None, math.nan, math.nan
@@ -130,24 +131,16 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             counter = OpCounter() if count and step == 0 else contextlib.nullcontext()
             synchronize(device)
             t0 = time.perf_counter()
-            # The whole step's memory, by category and block, on the second warm-up step.
+            # The whole step's memory, by category and block, on the last warm-up step.
             with memory_fit.tracking(cfg, step, model, optimizer, work) as tracked:
                 # Forward and backward: what the analytic model FLOP describe (counted on step 0)
                 # and where the saved activations are measured (on the last warm-up step).
                 with counter, activations.step_meter(cfg, step, model.parameters(),
                                                      functools.partial(memory_model.fsdp_gathered, model)) as meter:
                     optimizer.zero_grad(set_to_none=True)
-                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                        out = call_model(model, inputs)
-                    # The loss in fp32 whatever the compute dtype.
-                    loss = work.loss(out, target)
-                    # fp16: scale the loss so small gradients do not flush to zero.
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+                    loss = forward_backward(work, model, inputs, target, device_type=device.type,
+                                            amp_dtype=amp_dtype, scaler=scaler)
+                optimizer_step(optimizer, scaler)
             if tracked is not None:
                 memory = {**tracked.result().columns("memory_tracked_"),
                           "memory_ddp_bucket_bytes": memory_fit.ddp_bucket_bytes(model)}

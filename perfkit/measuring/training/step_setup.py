@@ -1,7 +1,8 @@
 """What one training step runs, shared by the measured step (:mod:`perfkit.measuring.training.step`)
 and its prediction on fake tensors (:mod:`perfkit.measuring.training.memory_fit`): the workload
-built, checkpointed, converted and wrapped (:func:`prepare`), and this rank's slice of a global
-batch (:func:`rank_batch`, drawn from :func:`batch_seed`)."""
+built, checkpointed, converted and wrapped (:func:`prepare`), this rank's slice of a global
+batch (:func:`rank_batch`, drawn from :func:`batch_seed`), and the step itself
+(:func:`forward_backward` under :func:`autocast_dtype`, then :func:`optimizer_step`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from torch import nn
 from perfkit.measuring.training import parallel
 from perfkit.measuring.training.config import TrainConfig, workload_spec
 from perfkit.measuring.workloads import catalog
-from perfkit.measuring.workloads.workload import Workload, checkpoint_blocks, map_tensors, slice_batch
+from perfkit.measuring.workloads.workload import Workload, call_model, checkpoint_blocks, map_tensors, slice_batch
 
-__all__ = ["batch_seed", "rank_batch", "prepare"]
+__all__ = ["batch_seed", "rank_batch", "prepare", "autocast_dtype", "forward_backward", "optimizer_step"]
 
 
 def batch_seed(cfg: TrainConfig, step: int) -> int:
@@ -68,3 +69,29 @@ def prepare(cfg: TrainConfig, device: torch.device, build=None) -> tuple[nn.Modu
     if cfg.compile:
         model = torch.compile(model, mode=cfg.compile_mode)
     return model, work
+
+
+def autocast_dtype(cfg: TrainConfig) -> torch.dtype | None:
+    """The dtype the forward runs in under autocast (bf16, fp16), or None: no autocast."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+
+
+def forward_backward(work: Workload, model: nn.Module, inputs, target, *, device_type: str,
+                     amp_dtype: torch.dtype | None, scaler=None) -> torch.Tensor:
+    """The forward under autocast at ``amp_dtype``, the loss in fp32 whatever the compute dtype,
+    and its backward (fp16: the loss scaled by ``scaler`` so small gradients do not flush to
+    zero). Returns the loss."""
+    with torch.autocast(device_type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        out = call_model(model, inputs)
+    loss = work.loss(out, target)
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    return loss
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler=None) -> None:
+    """The optimizer's step, through ``scaler`` under fp16 (it skips a step with inf gradients)."""
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
