@@ -74,6 +74,14 @@ def _cmd_report(args) -> int:
     return EXIT_OK
 
 
+def _cmd_memory_snapshot(args) -> int:
+    from .analyse.memory_snapshot import format_summary, load, summarize
+
+    summary = summarize(load(args.file), top=args.top, device=args.device)
+    print(json.dumps(summary.as_dict(), indent=2) if args.json else format_summary(summary))
+    return EXIT_OK
+
+
 def _cmd_peaks(args) -> int:
     from perfkit.measuring.kernels.peaks import peaks_table
 
@@ -229,6 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-only", action="store_true", help="only the spec/theoretical ceilings, no measuring")
     p.add_argument("--out", help="also record the ceilings as rows under this results directory")
     p.set_defaults(func=_cmd_peaks)
+
+    p = sub.add_parser(
+        "memory-snapshot", help="what a CUDA/ROCm memory snapshot holds: the peak and its stacks, no browser",
+        description="Summarize a torch.cuda.memory._dump_snapshot pickle (a training row's "
+                    "memory_snapshot_path, a rank<r>-oom.pickle, or your own): replay its alloc/free "
+                    "events to the peak of allocated memory, list the stacks holding the most at the "
+                    "peak and at the end, and every out-of-memory event. Any size: nothing is drawn. "
+                    "The file is read as data only (no code in it can run).")
+    p.add_argument("file", help="the snapshot pickle")
+    p.add_argument("--top", type=int, default=10, help="stacks listed per table (default 10)")
+    p.add_argument("--device", type=int, default=None, help="device index (default: the one with the most events)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_memory_snapshot)
 
     p = sub.add_parser("run", help="execute one notebook with papermill into DIR",
                        description="Execute NOTEBOOK once with papermill. Every -p name is checked "

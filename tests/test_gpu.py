@@ -8,6 +8,7 @@ Asserts are about what was measured, counted or checked, never about how fast th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 
@@ -116,3 +117,33 @@ def test_a_torchvision_model_trains_on_the_gpu_through_the_workload_contract():
     assert row["step_counted_flop"] > 0 and math.isnan(row["mfu"]) and row["mfu_reason"]
     ckpt = train_step_benchmark(dataclasses.replace(cfg, activation_checkpointing=True))
     assert ckpt["status"] == "ok" and ckpt["step_counted_flop"] > row["step_counted_flop"]  # blocks recomputed
+
+
+def test_memory_snapshot_at_the_end_and_at_an_oom_with_their_summaries(tmp_path):
+    from perfkit.analyse.memory_snapshot import load, summarize
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import run_training
+
+    cfg = TrainConfig(model="transformer", batch_size=8, steps=3, device="cuda", memory_snapshot=True,
+                      memory_snapshot_dir=str(tmp_path / "ok"))
+    row = run_training(cfg, isolate=True)
+    assert row["status"] == "ok", row["error"]
+    summary = summarize(load(row["memory_snapshot_path"]))
+    # Recording started before the model was built: the parameters, gradients and AdamW's two
+    # moments are all inside the window, so the replayed peak covers at least them.
+    assert summary.entries > 0 and summary.bytes_before_window == 0
+    assert summary.peak_allocated_bytes == row["memory_snapshot_peak_bytes"]
+    assert summary.peak_allocated_bytes >= 4 * row["param_bytes"]
+    assert summary.peak_allocated_bytes <= row["peak_mem_bytes"]  # the allocator's own peak
+    assert json.loads(row["memory_snapshot_top_at_peak"])
+
+    # An OOM: the input is a quarter of the free memory and each of the 4 activations after it
+    # as large; the observer dumped before the error unwound.
+    free_bytes, _ = torch.cuda.mem_get_info()
+    huge = TrainConfig(model="mlp", model_size={"in_features": 8192, "hidden_features": 8192},
+                       batch_size=int(free_bytes // (8192 * 4 * 4)), steps=2, device="cuda",
+                       memory_snapshot=True, memory_snapshot_dir=str(tmp_path / "oom"))
+    row = run_training(huge, isolate=True)
+    assert row["status"] == "oom", row["error"]
+    (oom_path,) = json.loads(row["memory_snapshot_oom_paths"])
+    assert summarize(load(oom_path)).ooms, "the OOM snapshot records the failed allocation"

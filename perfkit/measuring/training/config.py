@@ -17,6 +17,7 @@ import torch
 from perfkit.analyse import pipeline_bubble
 from perfkit.core import checks, precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
+from perfkit.measuring.ops import memory_snapshot as mem_snapshot
 from perfkit.measuring.training import parallel
 from perfkit.measuring.training import pipeline_stages
 from perfkit.measuring.workloads import catalog
@@ -120,6 +121,16 @@ class TrainConfig:
     ``memory_tracked_*`` and ``memory_predicted_*`` columns. Needs ``warmup_steps >= 3``: the
     tracker slows the step it tracks, so it tracks one that is not timed, in the steady state
     (optimizer state made by the first step, DDP's buckets rebuilt by the second)."""
+    memory_snapshot: bool = False
+    """CUDA/ROCm: record every allocation with its Python stack from before the model is built
+    (:mod:`perfkit.measuring.ops.memory_snapshot`), dump ``rank<r>.pickle`` at the end and
+    ``rank<r>-oom.pickle`` at an out-of-memory error into ``memory_snapshot_dir``; the row links
+    them and carries the peak and the stacks holding the most at it. CPU: the row is ``skipped``
+    (the CPU has no caching allocator to record)."""
+    memory_snapshot_max_entries: int = 100_000
+    """The snapshot's ring of alloc/free events (older ones are overwritten; several KB each)."""
+    memory_snapshot_dir: str | None = None
+    """Where the snapshots go; None: beside the configuration's traces, ``DIR/traces/<config_id>/``."""
     profile: bool = False
     """Record a ``torch.profiler`` trace per rank of ``profile_active_steps`` steps after the
     warm-up (:mod:`perfkit.measuring.ops.trace_capture`); its steps are timed like the others."""
@@ -176,6 +187,8 @@ class TrainConfig:
         if self.profile and self.steps - self.warmup_steps < 1 + self.profile_active_steps:
             raise BadInputError(f"profile needs steps ≥ warmup_steps + 1 + profile_active_steps "
                                 f"({self.warmup_steps} + 1 + {self.profile_active_steps}), got steps={self.steps}")
+        if self.memory_snapshot_max_entries < 1:
+            raise BadInputError(f"memory_snapshot_max_entries must be ≥ 1, got {self.memory_snapshot_max_entries}")
         if self.memory_breakdown and self.warmup_steps < 3:
             raise BadInputError(f"memory_breakdown tracks the last warm-up step, in the steady state (the "
                                 f"optimizer's state made, DDP's buckets rebuilt): set warmup_steps ≥ 3, "
@@ -411,6 +424,8 @@ def check_supported(cfg: TrainConfig) -> None:
             raise ConfigurationSkipped(reason)
         if cfg.precision in ("bf16", "bf16-pure") and not torch.cuda.is_bf16_supported():
             raise ConfigurationSkipped("this GPU has no bfloat16 support")
+    if cfg.memory_snapshot and (reason := mem_snapshot.skip_reason(device)):
+        raise ConfigurationSkipped(reason)
     if cfg.precision == "fp8":
         try:
             import torchao.float8  # noqa: F401

@@ -53,7 +53,7 @@ from perfkit.measuring.ops import trace_capture
 from perfkit.measuring.workloads import catalog
 from perfkit.measuring.training import pipeline_stages as ps
 from perfkit.measuring.training.config import TrainConfig, check_supported, pipeline_input_reason, workload_spec
-from perfkit.measuring.training.step import batch_seed, peak_mem_bytes, rank_device, rank_facts, synchronize
+from perfkit.measuring.training.step import batch_seed, peak_mem_bytes, rank_device, rank_facts, recorded, synchronize
 
 __all__ = ["pipeline_rank"]
 
@@ -63,13 +63,17 @@ def pipeline_rank(config: dict) -> dict:
     parallelism ``pp``; returns what :func:`perfkit.measuring.training.step.train_rank` returns, plus
     the rank's ``stages``, ``stage_params``, and per timed step its compute ``intervals`` and
     ``window_samples_s``."""
-    import torch.distributed as dist
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
-
     cfg = TrainConfig(**config)
     if cfg.parallelism != "pp":
         raise ConfigurationSkipped(f"pipeline_rank runs parallelism 'pp', got {cfg.parallelism!r}")
     check_supported(cfg)
+    return recorded(cfg, torch.distributed.get_rank(), lambda: _pipeline_run(cfg))
+
+
+def _pipeline_run(cfg: TrainConfig) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
     rank = dist.get_rank()
     device = rank_device(cfg)
     work = catalog.build(workload_spec(cfg), device=device)

@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
+import os
 import resource
 import statistics
 import sys
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -59,6 +62,7 @@ from perfkit.measuring.training import memory_model
 from perfkit.measuring.training import memory_fit, parallel
 from perfkit.measuring.training.step_setup import (autocast_dtype, batch_seed, forward_backward,  # noqa: F401 - batch_seed: step's API
                                                    optimizer_step, prepare, rank_batch)
+from perfkit.measuring.ops import memory_snapshot as mem_snapshot
 from perfkit.measuring.ops import trace_capture
 from perfkit.measuring.workloads import catalog
 from perfkit.measuring.workloads.workload import Workload
@@ -283,6 +287,7 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
         **memory_model.row_columns(cfg, rank_results, str(first["device"]).split(":")[0]),
         **memory_fit.row_columns(cfg, rank_results),
+        **_snapshot_columns(rank_results),
         "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
         **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
         **(_pipeline_columns(cfg, rank_results) if cfg.parallelism == "pp" else {}),
@@ -299,17 +304,50 @@ def _pipeline_columns(cfg: TrainConfig, rank_results: list[dict]) -> dict:
             "stage_params_per_rank": [r["stage_params"] for r in rank_results]}
 
 
+def _snapshot_columns(rank_results: list[dict]) -> dict:
+    """Rank 0's snapshot and its stacks at the peak; the peak is the largest over the ranks."""
+    if "memory_snapshot_path" not in rank_results[0]:
+        return {}
+    return {"memory_snapshot_path": rank_results[0]["memory_snapshot_path"],
+            "memory_snapshot_top_at_peak": rank_results[0]["memory_snapshot_top_at_peak"],
+            "memory_snapshot_peak_bytes": max(r["memory_snapshot_peak_bytes"] for r in rank_results)}
+
+
+def _oom_snapshots(cfg: TrainConfig) -> dict:
+    """A failed run's link to the snapshots its ranks dumped at the out-of-memory error."""
+    if not cfg.memory_snapshot:
+        return {}
+    found = sorted(Path(cfg.memory_snapshot_dir).glob("rank*-oom.pickle"))
+    return {"memory_snapshot_oom_paths": json.dumps([str(p) for p in found])} if found else {}
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
 def with_trace_dir(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its traces' folder set: beside the current configuration's results."""
-    if not cfg.profile or cfg.trace_dir is not None:
+    """``cfg`` with its traces' and memory snapshots' folders set: beside the current
+    configuration's results."""
+    want_traces = cfg.profile and cfg.trace_dir is None
+    want_snapshots = cfg.memory_snapshot and cfg.memory_snapshot_dir is None
+    if not (want_traces or want_snapshots):
         return cfg
     # One configuration may run several trainings (a scaling run: one per world size): each its folder.
     run = f"{cfg.model}-{cfg.parallelism}{cfg.world_size}-b{cfg.batch_size}-{cfg.precision}-{uuid.uuid4().hex[:6]}"
-    return replace(cfg, trace_dir=str(trace_capture.current_trace_dir(run)))
+    folder = trace_capture.current_trace_dir(run)
+    return replace(cfg, trace_dir=str(folder) if want_traces else cfg.trace_dir,
+                   memory_snapshot_dir=str(folder / "memory") if want_snapshots else cfg.memory_snapshot_dir)
+
+
+def recorded(cfg: TrainConfig, rank: int, run) -> dict:
+    """``run()``'s rank result, recorded into a memory snapshot when ``cfg.memory_snapshot``
+    (from before the model is built, so the parameters have their stacks too) and carrying it."""
+    folder = cfg.memory_snapshot_dir if cfg.memory_snapshot else None
+    with mem_snapshot.recording(folder, rank, max_entries=cfg.memory_snapshot_max_entries) as path:
+        result = run()
+    if path is not None:
+        result.update(mem_snapshot.rank_columns(path))
+    return result
 
 
 def train_step_benchmark(cfg: TrainConfig) -> dict:
@@ -319,7 +357,7 @@ def train_step_benchmark(cfg: TrainConfig) -> dict:
                             "use run_training for parallel or capped runs")
     check_supported(cfg)
     cfg = with_trace_dir(cfg)
-    return row_from_ranks(cfg, [_run(cfg, parallel.dist_context("none"))])
+    return row_from_ranks(cfg, [recorded(cfg, 0, lambda: _run(cfg, parallel.dist_context("none")))])
 
 
 def _cap_address_space(headroom_bytes: int) -> None:
@@ -333,11 +371,12 @@ def train_rank(config: dict) -> dict:
     """:func:`perfkit.run.launch.launch` target: one rank of ``TrainConfig(**config)``."""
     cfg = TrainConfig(**config)
     check_supported(cfg)
+    rank = int(os.environ.get("RANK", "0"))
     if cfg.address_space_headroom_bytes is None:
-        return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
+        return recorded(cfg, rank, lambda: _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size)))
     _cap_address_space(cfg.address_space_headroom_bytes)
     try:
-        return _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size))
+        return recorded(cfg, rank, lambda: _run(cfg, parallel.dist_context(cfg.parallelism, cfg.tp_size)))
     except RuntimeError as exc:
         # Under the cap oneDNN reports a failed allocation as "could not create a primitive" (its
         # out-of-memory status, as torch's ideep words it): seen between an ok batch and an oom
@@ -365,18 +404,18 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
         return {**base, "status": SKIPPED, "error": skipped.reason}
     if isolate is None:
         isolate = cfg.parallelism != "none" or cfg.address_space_headroom_bytes is not None
+    cfg = with_trace_dir(cfg)
     if not isolate:
         try:
             return train_step_benchmark(cfg)
         except Exception as error:  # noqa: BLE001 - the row records every ending
-            return error_row(base, error)
+            return {**error_row(base, error), **_oom_snapshots(cfg)}
         finally:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # after an OOM, give the next configuration a clean pool
     from perfkit.run.launch import launch
 
     device = config_device(cfg)
-    cfg = with_trace_dir(cfg)
     target = ("perfkit.measuring.training.pipeline:pipeline_rank" if cfg.parallelism == "pp"
               else "perfkit.measuring.training.step:train_rank")
     result = launch(target, cfg.as_dict(), world_size=cfg.world_size,
@@ -384,6 +423,6 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
                     device=device)
     if result.status != OK:
         return {**base, "status": result.status, "error": result.error,
-                "failed_rank": result.failed_rank}
+                "failed_rank": result.failed_rank, **_oom_snapshots(cfg)}
     return row_from_ranks(cfg, list(result.rank_results))
 
