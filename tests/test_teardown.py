@@ -222,7 +222,7 @@ import time
 from perfkit.run.execute import WarmKernel
 kernel = WarmKernel()
 kernel.run_code({_SPAWN_ELSEWHERE!r})
-print("spawned", flush=True)
+print("spawned", kernel.km.transport, kernel._ipc_dir, flush=True)
 time.sleep(600)
 """
 
@@ -231,11 +231,16 @@ def test_a_kernel_whose_sweep_is_killed_kills_what_it_started():
     marker, env = _marker_env()
     sweep = subprocess.Popen([sys.executable, "-c", _ORPHANED_KERNEL], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        assert sweep.stdout.readline() == "spawned\n"
+        said, transport, sockets = sweep.stdout.readline().split()
+        # The kernel's channels are Unix sockets (no TCP port to lose to another process's bind).
+        assert (said, transport) == ("spawned", "ipc") and Path(sockets).is_dir()
         assert len(_teardown.holders(marker)) == 3  # this "sweep", its kernel, the kernel's child
         sweep.kill()
         sweep.wait(timeout=10)
+        # The kernel's watch, not ipykernel's own poller (which exits at once), ends the kernel:
+        # its child in another session goes too, and the sockets' folder is removed.
         _assert_all_gone(marker)
+        assert not Path(sockets).exists()
     finally:
         sweep.kill()
         _teardown.reap(marker)

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -53,6 +55,7 @@ def _watch(parent=os.getppid()):
     while os.getppid() == parent:
         time.sleep(0.5)
     _td.reap({token!r})
+    import shutil; shutil.rmtree({ipc_dir!r}, ignore_errors=True)  # its sockets' folder
     os.killpg(0, signal.SIGKILL)
 threading.Thread(target=_watch, daemon=True, name="perfkit-parent-watch").start()
 """
@@ -99,10 +102,24 @@ class WarmKernel:
             # log_level ERROR: ipykernel 7 warns on every start that loopback TCP is unencrypted.
             # History in memory, as nbclient starts its kernels: a configuration's cells are not
             # the user's IPython history, and parallel kernels do not contend for its sqlite file.
+            # parent_handle=1: ipykernel's own parent poller off (it never polls for init, pid 1;
+            # 0 would turn it off too but print a Ctrl-C note into our stdout). That poller exits
+            # the kernel at once when the parent dies (os._exit), racing perfkit's watch
+            # (_PARENT_WATCH), which must first kill what the kernel started in other sessions
+            # (torchrun, ranks): half the time here, the kernel's children outlived it.
             argv=[self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                  "--IPKernelApp.log_level=ERROR", "--HistoryManager.hist_file=:memory:"],
+                  "--IPKernelApp.log_level=ERROR", "--HistoryManager.hist_file=:memory:",
+                  "--IPKernelApp.parent_handle=1"],
             display_name=f"perfkit ({self.python})", language="python", name="python3",
         )
+        # The kernel's five channels are Unix sockets in a folder of their own, not loopback TCP
+        # ports: jupyter_client picks a free port by binding and releasing it, and between that and
+        # the kernel's own bind, any other process (another kernel, a gloo store, a rank) may take
+        # it; the kernel then dies at start ("Address already in use"). A short path: a socket's
+        # name is limited to 107 bytes.
+        self._ipc_dir = tempfile.mkdtemp(prefix="perfkit-kernel-")
+        self.km.transport = "ipc"
+        self.km.ip = os.path.join(self._ipc_dir, "k")
         self._kc = None  # this kernel's client (see client()) and the thread it belongs to
         self._kc_thread: int | None = None
         kernel_env = dict(os.environ)
@@ -113,7 +130,11 @@ class WarmKernel:
         self.token = _teardown.new_token()
         kernel_env[self.token] = "1"
         self.environ = kernel_env  # what the kernel runs with, as its rows' fingerprints say
-        self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
+        try:
+            self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
+        except BaseException:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            raise
         try:
             self._prepare(background, preload)
         except BaseException:
@@ -129,7 +150,7 @@ class WarmKernel:
         # ``preload``: the notebook's own import statements, run before the kernel is handed a
         # configuration so that small configurations do not pay import time on the critical path.
         # A failing import is left for the notebook itself to report.
-        watch = _PARENT_WATCH.format(path=_teardown.__file__, token=self.token)
+        watch = _PARENT_WATCH.format(path=_teardown.__file__, token=self.token, ipc_dir=self._ipc_dir)
         code = [f"exec({watch!r}, {{}})"]
         code += [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
         try:
@@ -244,6 +265,7 @@ class WarmKernel:
         and wait until they are gone."""
         self._kill_group()
         self._reap()
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def shutdown(self) -> None:
         """End the kernel now (one configuration per kernel: nothing in it is worth a graceful
@@ -251,11 +273,12 @@ class WarmKernel:
         ``shutdown_kernel(now=True)`` alone interrupts, kills, then polls every 0.1 s."""
         self.close_client()
         self._kill_group(wait=True)
-        try:  # shutdown_kernel also removes the connection file
+        try:  # shutdown_kernel also removes the connection file and the sockets' files
             self._run_sync(self.km.shutdown_kernel)(now=True)
         except Exception:  # noqa: BLE001 - already dead is fine
             pass
         self._reap()
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def _kill_group(self, *, wait: bool = False) -> None:
         """SIGKILL the kernel's process group; ``wait``: until the kernel process is gone."""
