@@ -22,7 +22,8 @@ from perfkit.analyse.advice_rules import RULES
 from perfkit.cli import main
 
 BUILTIN = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom",
-           "collectives_latency_bound", "gemm_below_ceiling", "noisy"]
+           "collectives_latency_bound", "gemm_below_ceiling", "host_bound", "memory_bound_ops",
+           "precision_below_device", "noisy"]
 
 
 @pytest.fixture(scope="module")

@@ -169,6 +169,7 @@ def test_find_max_batch_size_reports_the_predicted_edge_beside_the_measured_one(
     assert found["max_batch_size"] == 8 and found["memory_budget_bytes"] == 2**24
     assert found["max_batch_size_predicted"] == mm.predicted_max_batch(cfg, 2**24)
     assert found["max_batch_size_predicted"] > 8
+    assert found["max_batch_size_predicted_fake"] is None  # the fake-tensor steps are opt-in (predict_fake)
 
 
 @pytest.mark.parametrize("kwargs, words", [

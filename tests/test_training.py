@@ -249,7 +249,7 @@ def test_find_max_batch_size_doubles_then_bisects_to_the_oom_edge():
     cfg = TrainConfig(model="mlp", steps=1, warmup_steps=0, model_size={"hidden_features": 1024},
                       address_space_headroom_bytes=2**29)
     found = find_max_batch_size(cfg, start=2**13, limit=2**16, multiple_of=2**12,
-                                timeout_s=TIMEOUT_S)
+                                timeout_s=TIMEOUT_S, predict_fake=True)
     assert found["stopped_by"] is None
     statuses = dict(found["probes"])
     assert set(statuses.values()) == {"ok", "oom"}  # the edge lies inside the searched range

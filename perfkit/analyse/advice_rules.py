@@ -22,6 +22,13 @@ memory_headroom            train_step: max_batch_size_predicted (memory model  e
                            against memory_budget_bytes) over batch_size
 gemm_below_ceiling         gemm: flop_per_s against the folder's compute       50 % of the ceiling
                            ceiling or its best GEMM of the dtype
+host_bound                 any profiled row: trace_idle_share (HTA's idle      device idle >= 50 %:
+                           time over the trace's window)                       tb_plugin's low GPU
+                                                                               utilization (< 0.5)
+memory_bound_ops           roofline: time_share of the ops whose bound is a    >= 50 % of the step
+                           memory level
+precision_below_device     roofline: time_share of compute-bound ops at fp32/  faster roof >= 2 x
+                           tf32; the folder's measured compute roofs by dtype  the current one
 noisy                      noisy (IQR over 10 % of the median)                 core.timing's flag
 =========================  ==================================================  =====================
 """
@@ -31,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..core.errors import BadInputError
+from . import advice_compute as compute
 from . import advice_kernels as kernels
 from . import advice_training as training
 from . import dataloading
@@ -67,6 +75,18 @@ RULES: tuple[Rule, ...] = (
     Rule("gemm_below_ceiling", "far below the compute ceiling", 0.5,
          "roofline (Williams et al., CACM 2009): attained FLOP/s against the measured compute roof",
          kernels.gemm_below_ceiling, "a GEMM that reaches under half of what the device reaches"),
+    Rule("host_bound", "host/launch-bound", 0.5,
+         "pytorch/kineto tb_plugin RunProfileData._analyze_gpu_metrics: GPU utilization < 0.5 is low; "
+         "idle time as Holistic Trace Analysis' temporal breakdown counts it (analyse/trace_breakdown.py)",
+         compute.host_bound, "the device waits on the host between kernels"),
+    Rule("memory_bound_ops", "memory-bound ops", 0.5,
+         "roofline (Williams et al., CACM 2009): ops under their memory roof move bytes, not FLOP; over half "
+         "the step there, fusion (fewer round trips to memory) is the lever", compute.memory_bound_ops,
+         "the step is mostly memory-bound ops"),
+    Rule("precision_below_device", "precision the device beats", 2.0,
+         "roofline: the folder's measured compute roofs by dtype (measuring/kernels/ceilings.py); a roof 2x "
+         "higher at bf16 than at fp32 (tensor cores, AMX)", compute.precision_below_device,
+         "compute-bound at a precision this device runs far faster at another"),
     Rule("noisy", "noisy measurement", 0.10,
          "perfkit core/timing.py: IQR over 10 % of the median flags a point noisy (DESIGN.md)", kernels.noisy,
          "the measurement cannot tell: rerun"),

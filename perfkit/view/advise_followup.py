@@ -61,7 +61,15 @@ def spec_for(finding: Finding, directory: Path, *, rounds: int) -> dict:
     e = finding.experiment
     config_id = finding.config_ids[0]
     notebook, params = _source(directory, config_id)
-    params = {**params, **e.narrow}
+    if e.notebook and Path(e.notebook).name != Path(notebook).name:
+        # The experiment runs in another notebook (a roofline's fusion advice is timed by the
+        # training step): that notebook's defaults, narrowed to the finding's model and shapes.
+        notebook, params = str(Path(notebook).with_name(Path(e.notebook).name)), dict(e.narrow)
+        if not Path(notebook).is_file():
+            raise BadInputError(f"{config_id}: its experiment runs {e.notebook}, which is not beside the "
+                                f"notebook it ran ({notebook})")
+    else:
+        params = {**params, **e.narrow}
     ranks = [params.get("world_size") or 1, *(params.get("world_sizes") or [])]
     devices = max(int(r) for r in ranks)  # a multi-rank configuration holds one device (core) per rank
     variants = [{"name": BASE}, {"name": ADVISED}]

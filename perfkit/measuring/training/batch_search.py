@@ -29,7 +29,8 @@ def _fake_edge(cfg: TrainConfig, budget: int | None, step: int) -> int | None:
 
 
 def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: float = 600.0,
-                        multiple_of: int | None = None, memory_budget_bytes: int | None = None) -> dict:
+                        multiple_of: int | None = None, memory_budget_bytes: int | None = None,
+                        predict_fake: bool = False) -> dict:
     """Largest global batch in [start, limit] that trains without OOM: double from ``start``
     until a run OOMs (or ``limit``), then bisect between the last fit and the first OOM down to
     ``multiple_of`` (default: the data-parallel size). On CPU set
@@ -41,8 +42,9 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     for ``memory_budget_bytes`` per rank (default: the address-space headroom, else the GPU's
     memory; None without a budget) and the ``memory_budget_bytes`` it used, and
     ``max_batch_size_predicted_fake`` by :func:`perfkit.measuring.training.memory_fit.largest_batch`
-    from the fake-tensor step at ``start`` (None without a budget or where the fake step does not
-    model the configuration: ``memory_fit.fit_reason``). Both count tensors; a CPU's address space
+    from the fake-tensor step at ``start`` when ``predict_fake`` (two fake steps on this CPU
+    first: seconds for a large model; None without it, without a budget or where the fake step
+    does not model the configuration: ``memory_fit.fit_reason``). Both count tensors; a CPU's address space
     holds more (the allocator's and BLAS's own), so the measured edge lies at or below them.
     """
     step = multiple_of or cfg.dp_size
@@ -51,7 +53,8 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     budget = memory_budget_bytes or memory_model.memory_budget(cfg, config_device(cfg))[0]
     predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
         cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget,
-        "max_batch_size_predicted_fake": _fake_edge(replace(cfg, batch_size=start), budget, step)}
+        "max_batch_size_predicted_fake": _fake_edge(replace(cfg, batch_size=start), budget, step)
+        if predict_fake else None}
     probes: list[tuple[int, str]] = []
 
     def fits(batch: int) -> bool | dict:

@@ -1,0 +1,150 @@
+"""The advice rules of how a step computes: host/launch-bound, memory-bound ops dominating the
+step, compute-bound at a precision the device beats (their thresholds and sources:
+perfkit.analyse.advice_rules)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import pandas as pd
+
+from .advice import Experiment, Finding, Rule, confidence_of, finite, flag, notebook_of, point_labels, rows_of
+from .roofline import STEP_OP
+
+__all__ = ["host_bound", "memory_bound_ops", "precision_below_device"]
+
+#: The faster precision to try, by the precision a row ran (ceiling rows name dtypes as precisions).
+FASTER = {"fp32": "bf16", "tf32": "bf16"}
+
+
+# ------------------------------------------------------------------------------ host/launch-bound
+
+
+def host_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    """A profiled step whose device sat idle for over ``threshold`` of the trace's window (HTA's
+    idle time): the host does not issue work fast enough (Python, launches, synchronizations)."""
+    labels = point_labels(ok)
+    rows = ok[ok["trace_idle_share"].map(finite)] if "trace_idle_share" in ok else ok.iloc[0:0]
+    for i, row in rows.iterrows():
+        idle = float(row["trace_idle_share"])
+        if idle < rule.threshold:
+            continue
+        compiled = flag(row, "compile")
+        if row.get("workload") == "train_step" and not compiled:
+            experiment = Experiment(notebook=notebook_of(row), parameter="compile", current=False, proposed=True)
+            what = ("fewer, larger kernels: torch.compile fuses the step's small ops (compile=True); "
+                    "then CUDA graphs (compile_mode='reduce-overhead') remove the launches left")
+        elif row.get("workload") == "train_step" and str(row.get("device", "")).startswith("cuda") \
+                and (not isinstance(mode := row.get("compile_mode"), str) or mode == "default"):
+            experiment = Experiment(notebook=notebook_of(row), parameter="compile_mode",
+                                    current=mode if isinstance(mode, str) else None, proposed="reduce-overhead")
+            what = "already compiled: replay the step as CUDA graphs (compile_mode='reduce-overhead')"
+        elif finite(row.get("batch_size")):
+            batch = int(row["batch_size"])
+            experiment = Experiment(notebook=notebook_of(row), parameter="batch_size", current=batch,
+                                    proposed=2 * batch, metric="samples_per_s")
+            what = "give each launch more work: a larger batch (tb_plugin's advice for a low GPU utilization)"
+        else:
+            experiment, what = None, "give each launch more work (a larger batch) or fuse the step (torch.compile)"
+        yield Finding(
+            rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
+            cost_share=idle, confidence=confidence_of(rule, idle, row), source=rule.source,
+            evidence={"trace_idle_share": idle, "trace_top_kernel": row.get("trace_top_kernel"),
+                      "trace_top_kernel_share": float(row.get("trace_top_kernel_share", math.nan)),
+                      "compile": compiled},
+            summary=f"the device is idle {idle:.0%} of the profiled window (threshold {rule.threshold:.0%})",
+            advice=what, experiment=experiment)
+
+
+# ------------------------------------------------------------------------------ roofline
+
+
+def _step_rows(ok: pd.DataFrame) -> pd.DataFrame:
+    rows = rows_of(ok, "roofline", "time_share")
+    return rows[rows["op"] != STEP_OP] if "op" in rows else rows.iloc[0:0]
+
+
+def memory_bound_ops(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    """Memory-bound ops (under their memory roof on the roofline) that take over ``threshold`` of
+    the step's time: the step moves bytes more than it computes; fusing them cuts the traffic."""
+    ops = _step_rows(ok)
+    if ops.empty or "bound" not in ops:
+        return
+    labels = point_labels(ok)
+    for config_id, group in ops.groupby("config_id", sort=False):
+        memory = group[group["bound"].map(lambda b: isinstance(b, str) and b != "compute")]
+        share = float(memory["time_share"].sum())
+        if share < rule.threshold:
+            continue
+        top = memory.nlargest(3, "time_share")
+        first = group.iloc[0]
+        narrow = {k: first[k].item() if hasattr(first[k], "item") else first[k]
+                  for k in ("model", "batch_size", "precision") if k in first and pd.notna(first[k])}
+        yield Finding(
+            rule=rule.name, constraint=rule.constraint, point=labels[group.index[0]], config_ids=(config_id,),
+            cost_share=share, confidence=confidence_of(rule, share, *[r for _, r in group.iterrows()]),
+            source=rule.source, robust=False,
+            evidence={"memory_bound_time_share": share, "memory_bound_ops": int(len(memory)),
+                      "top_memory_bound_ops": [[r["op"], float(r["time_share"]), r["bound"]] for _, r in top.iterrows()]},
+            summary=(f"{len(memory)} memory-bound ops take {share:.0%} of the step (the largest: "
+                     + ", ".join(f"{r['op']} {float(r['time_share']):.0%}" for _, r in top.iterrows()) + ")"),
+            advice=("fuse them: torch.compile turns chains of elementwise and normalization ops into one kernel "
+                    "that reads and writes each tensor once. The roofline notebook cannot count a compiled step "
+                    "(its counter sees no aten ops under torch.compile): the experiment times the same model, "
+                    "batch and precision in the training step, compile=False against compile=True"),
+            experiment=Experiment(notebook="train_step.ipynb", parameter="compile", current=False, proposed=True,
+                                  narrow=narrow))
+
+
+def _roofs(ok: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """The folder's compute roofs by (origin, dtype), the fastest of each."""
+    if not {"kind", "workload", "origin", "dtype", "value"} <= set(ok.columns):
+        return {}
+    roofs = ok[(ok["workload"] == "ceiling") & (ok["kind"] == "compute") & ok["value"].map(finite)]
+    return {(str(o), str(d)): float(v) for (o, d), v in roofs.groupby(["origin", "dtype"])["value"].max().items()}
+
+
+def precision_below_device(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    """Compute-bound ops at a precision whose roof the device beats by ``threshold`` x at another
+    (the folder's compute roofs of the origin the points were placed against, measured or spec):
+    the step's compute could run that much faster there."""
+    ops = _step_rows(ok)
+    folder_roofs = _roofs(ok)
+    if ops.empty or "bound" not in ops or not folder_roofs:
+        return
+    labels = point_labels(ok)
+    for config_id, group in ops.groupby("config_id", sort=False):
+        first = group.iloc[0]
+        precision = str(first.get("precision"))
+        if precision not in FASTER:
+            continue
+        proposed = FASTER[precision]
+        # The roofs the points were placed against: the configuration's own (a folder may hold
+        # several machines' rows), else the folder's; measured ones or the spec sheet's, one origin.
+        roofs = _roofs(ok[ok["config_id"] == config_id]) or folder_roofs
+        origin = str(first.get("ceiling_origin") or "measured")
+        current_roof = roofs.get((origin, precision), math.nan)
+        faster_roof = roofs.get((origin, proposed), math.nan)
+        if not (finite(current_roof) and finite(faster_roof)):
+            continue
+        ratio = faster_roof / current_roof
+        compute = group[group["bound"] == "compute"]
+        share = float(compute["time_share"].sum())
+        if ratio < rule.threshold or share <= 0:
+            continue
+        saving = share * (1 - 1 / ratio)  # the compute-bound time at the faster roof
+        yield Finding(
+            rule=rule.name, constraint=rule.constraint, point=labels[group.index[0]], config_ids=(config_id,),
+            cost_share=saving, confidence=confidence_of(rule, ratio, *[r for _, r in compute.iterrows()]),
+            source=rule.source, robust=True,  # roofs and the bound of each op, not one timing
+            evidence={"precision": precision, "compute_bound_time_share": share, "roof_origin": origin,
+                      f"{precision}_roof_flop_per_s": current_roof, f"{proposed}_roof_flop_per_s": faster_roof,
+                      "roof_ratio": ratio},
+            summary=(f"compute-bound ops take {share:.0%} of the step at {precision}, and this device's {proposed} "
+                     f"roof is {ratio:.1f}x its {precision} roof"),
+            advice=(f"run the matmuls at {proposed} (autocast; keep fp32 master weights and the loss): up to "
+                    f"{saving:.0%} of the step if the compute-bound ops reach the faster roof; check the loss "
+                    f"trajectory stays where it was"),
+            experiment=Experiment(notebook=notebook_of(first), parameter="precision", current=precision,
+                                  proposed=proposed))

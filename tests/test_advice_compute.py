@@ -1,0 +1,139 @@
+"""The advice rules of how a step computes (issue 29): host/launch-bound from a real trace's idle
+time, memory-bound ops and a precision the device beats from real roofline points of a real step,
+and the follow-up each proposes (a fusion experiment runs in the training notebook)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, ceiling_row
+from perfkit.analyse.advice import advise
+from perfkit.analyse.advice_rules import select_rules
+
+G = 1e9
+TRACES = REPO.parent / "shared" / "reference" / "traces"
+
+
+def _trace_row(path: Path, config_id: str, **extra) -> dict:
+    from perfkit.analyse.trace_breakdown import trace_summary
+
+    summary = trace_summary([path]).iloc[0]
+    return {"status": "ok", "config_id": config_id, "workload": "train_step", "notebook": "train_step.ipynb",
+            "trace_idle_share": summary["trace_idle_share"], "trace_top_kernel": summary["trace_top_kernel"],
+            "trace_top_kernel_share": summary["trace_top_kernel_share"], "batch_size": 8, **extra}
+
+
+def test_a_launch_bound_rocm_trace_is_host_bound_and_a_busy_one_is_not():
+    toy = TRACES / "amd_mi250" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    busy = TRACES / "trace_diff" / "control.json.gz"
+    if not (toy.exists() and busy.exists()):
+        pytest.skip(f"the reference traces are not at {TRACES}")
+    rows = pd.DataFrame([_trace_row(toy, "toy", compile=False), _trace_row(busy, "busy", compile=False),
+                         _trace_row(toy, "toy-compiled", compile=True, device="cuda", compile_mode=None)])
+    found = {f.config_ids[0]: f for f in advise(rows, select_rules(["host_bound"]))}
+    # The MI250 mini-toy's GPU idles 98.5 % of its window (HTA's idle time); the control trace 16 %.
+    assert set(found) == {"toy", "toy-compiled"}
+    toy_finding = found["toy"]
+    assert toy_finding.evidence["trace_idle_share"] == pytest.approx(0.985, abs=0.005)
+    assert toy_finding.cost_share == toy_finding.evidence["trace_idle_share"]
+    assert (toy_finding.experiment.parameter, toy_finding.experiment.proposed) == ("compile", True)
+    # Already compiled on a GPU: CUDA graphs next.
+    assert (found["toy-compiled"].experiment.parameter, found["toy-compiled"].experiment.proposed) == \
+        ("compile_mode", "reduce-overhead")
+
+
+@pytest.fixture(scope="module")
+def mlp_step():
+    """A real training step of perfkit's MLP, counted and profiled (no ceilings measured)."""
+    import torch
+
+    from perfkit.measuring.ops import roofline_step
+    from perfkit.measuring.workloads import synthetic
+
+    torch.manual_seed(0)
+    work = synthetic.build(synthetic.make_spec("mlp"), device="cpu", dtype=torch.float32)
+    return roofline_step.profile_step(work, 64, device="cpu", dtype=torch.float32, profile_steps=1,
+                                      min_run_time_s=0.05)
+
+
+def _roofline_rows(step, ceilings: pd.DataFrame, config_id: str) -> pd.DataFrame:
+    from perfkit.analyse import roofline
+    from perfkit.measuring.ops import roofline_step
+
+    # Shares of the profiled ops' own time (step_time_s None), not of the timed step: on a loaded
+    # machine the step's timing and the profiled ops' drift apart, and this test is of the rules.
+    points = roofline.roofline_points(step.ops, ceilings, step_time_s=None, origin="measured")
+    rows = roofline_step.point_rows(points, step).assign(
+        workload="roofline", model="mlp", batch_size=64, precision="fp32", ceiling_origin="measured",
+        notebook="roofline.ipynb", status="ok", config_id=config_id)
+    return pd.concat([rows, ceilings.assign(workload="ceiling", status="ok", config_id=config_id,
+                                            notebook="roofline.ipynb")], ignore_index=True)
+
+
+def test_memory_bound_ops_over_half_the_step_get_a_fusion_experiment_in_the_training_notebook(mlp_step):
+    # A memory roof so low (1 GB/s) that every op with bytes is under it, then one so high that
+    # only the zero-FLOP ops stay memory-bound.
+    slow_memory = pd.DataFrame([ceiling_row("compute", "fp32", None, 100 * G),
+                                ceiling_row("memory", None, "DRAM", 1 * G)])
+    fast_memory = pd.DataFrame([ceiling_row("compute", "fp32", None, 1 * G),
+                                ceiling_row("memory", None, "DRAM", 1e6 * G)])
+    rows = pd.concat([_roofline_rows(mlp_step, slow_memory, "slow"),
+                      _roofline_rows(mlp_step, fast_memory, "fast")], ignore_index=True)
+    found = {f.config_ids[0]: f for f in advise(rows, select_rules(["memory_bound_ops"]))}
+    assert set(found) == {"slow"}
+    finding = found["slow"]
+    ops = rows[(rows["config_id"] == "slow") & (rows["workload"] == "roofline") & (rows["op"] != "<step>")]
+    memory_share = ops.loc[ops["bound"] != "compute", "time_share"].sum()
+    assert finding.cost_share == pytest.approx(memory_share) and memory_share >= 0.5
+    e = finding.experiment
+    assert (e.notebook, e.parameter, e.current, e.proposed) == ("train_step.ipynb", "compile", False, True)
+    assert e.narrow == {"model": "mlp", "batch_size": 64, "precision": "fp32"}
+
+
+def test_compute_bound_fp32_on_a_device_with_a_4x_bf16_roof_is_told_to_try_bf16(mlp_step):
+    def roofs(bf16_over_fp32):
+        return pd.DataFrame([ceiling_row("compute", "fp32", None, 1 * G),
+                             ceiling_row("compute", "bf16", None, bf16_over_fp32 * G),
+                             ceiling_row("compute", "bf16", None, 1e6 * G, origin="spec"),  # another origin
+                             ceiling_row("memory", None, "DRAM", 1e6 * G)])
+    rows = pd.concat([_roofline_rows(mlp_step, roofs(4.0), "amx"), _roofline_rows(mlp_step, roofs(1.2), "avx2")],
+                     ignore_index=True)
+    found = {f.config_ids[0]: f for f in advise(rows, select_rules(["precision_below_device"]))}
+    assert set(found) == {"amx"}  # 1.2x is no reason to change precision; the spec roof is not compared
+    finding = found["amx"]
+    assert finding.evidence["roof_ratio"] == pytest.approx(4.0)
+    share = finding.evidence["compute_bound_time_share"]
+    assert finding.cost_share == pytest.approx(share * 0.75)
+    assert (finding.experiment.parameter, finding.experiment.current, finding.experiment.proposed) == \
+        ("precision", "fp32", "bf16")
+
+
+def test_the_fusion_experiment_is_a_spec_of_the_training_notebook_narrowed_to_the_roofline_s_model(tmp_path):
+    from perfkit.analyse.advice import Experiment, Finding
+    from perfkit.view.advise_followup import spec_for
+
+    (tmp_path / "notebooks").mkdir()
+    executed = {"metadata": {"papermill": {"input_path": str(REPO / "notebooks" / "roofline.ipynb"),
+                                           "parameters": {"model": "mlp", "batch_size": 64, "precision": "fp32",
+                                                          "measure_ceilings": True}}}}
+    (tmp_path / "notebooks" / "c1.ipynb").write_text(json.dumps(executed))
+    finding = Finding(rule="memory_bound_ops", constraint="memory-bound ops", point="roofline", config_ids=("c1",),
+                      cost_share=0.6, evidence={}, summary="", advice="",
+                      experiment=Experiment(notebook="train_step.ipynb", parameter="compile", current=False,
+                                            proposed=True, narrow={"model": "mlp", "batch_size": 64,
+                                                                   "precision": "fp32"}))
+    spec = spec_for(finding, tmp_path, rounds=3)
+    assert spec["notebook"] == str(REPO / "notebooks" / "train_step.ipynb")
+    assert spec["parameters"] == {"model": "mlp", "batch_size": 64, "precision": "fp32"}  # no roofline parameter
+    assert [v["parameters"] for v in spec["variants"]] == [{"compile": False}, {"compile": True}]
+    from perfkit.run.sweep.spec import expand, load_spec
+
+    path = tmp_path / "spec.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(spec))
+    assert len(expand(load_spec(path))) == 6  # 2 variants x 3 rounds: train_step takes every parameter set
