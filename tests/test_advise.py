@@ -8,6 +8,7 @@ launch them: tests/test_pipeline.py, test_scaling_run.py, test_collectives.py, t
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -180,6 +181,12 @@ def test_verify_runs_the_advised_worker_count_and_reports_the_measured_verdict(t
     ran = subprocess.run([*cli, "run", str(REPO / "notebooks" / "dataloader.ipynb"), "--out", str(out),
                           *[a for k, v in params.items() for a in ("-p", k, v)]], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+    # The notebook's own last cell says what binds the rows it recorded.
+    executed = json.loads(next((out / "notebooks").glob("*.ipynb")).read_text())
+    last = executed["cells"][-1]
+    assert "advice_for_this_configuration()" in "".join(last["source"])
+    shown = "".join("".join(o.get("data", {}).get("text/markdown", "")) for o in last["outputs"])
+    assert "| input-bound |" in shown, last["outputs"]
     before = len(perfkit.load(out))
     spec = tmp_path / "exp.yaml"
     verified = subprocess.run([*cli, "advise", str(out), "--spec", str(spec), "--verify", "--rounds", "2"],

@@ -12,12 +12,13 @@ from ..analyse.advice_rules import select_rules
 from ..core.errors import BadInputError
 from .advice_text import render_markdown, render_rules, render_terminal, to_json
 
-__all__ = ["add_advise_command", "run_advise"]
+__all__ = ["add_advise_command", "run_advise", "advice_for_this_configuration"]
 
 HELP = """\
 For each configuration in DIR (a sweep's or run's --out folder), the constraints that bind it,
 ranked by the share of its time each costs: input-bound, straggler, exposed communication,
-pipeline bubble, latency-bound collectives, a GEMM far below the ceiling. Each comes with the
+pipeline bubble, memory headroom, latency-bound collectives, a GEMM far below the ceiling,
+host/launch-bound, memory-bound ops, a precision the device beats. Each comes with the
 numbers it read (its evidence), the rule and where its threshold comes from, how confident it is
 (low: a noisy row, or evidence near the threshold), and what to try. A configuration whose every
 row is noisy gets "rerun", never a constraint. Only ok rows are read.
@@ -107,3 +108,20 @@ def _verify(findings: list[Finding], args) -> int:
     for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds), 1):
         print(f"[{n}] {v.finding.constraint} in {v.finding.point}\n    {v.text}\n    rows: {v.folder}")
     return 0
+
+
+def advice_for_this_configuration(rules: list[str] | None = None):
+    """In a notebook, after its rows are recorded: what binds this configuration, from every row
+    it recorded (its results file; in an interactive session, this kernel's), as a markdown table
+    (``perfkit advise DIR`` says the same for a whole folder, with the experiments)."""
+    from IPython.display import Markdown
+
+    from ..core.results import current_context, load
+
+    ctx = current_context()
+    rows = load(ctx.results_path.parent, filters=[("config_id", "==", ctx.config_id)]) \
+        if ctx.results_path.exists() else None
+    if rows is None or rows.empty or not (rows["status"] == "ok").any():
+        return Markdown("No ok rows recorded by this configuration yet: nothing to advise on.")
+    findings = advise(rows, select_rules(rules))
+    return Markdown(render_markdown(findings, directory=f"this configuration ({ctx.config_id})"))
