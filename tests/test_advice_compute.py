@@ -137,3 +137,33 @@ def test_the_fusion_experiment_is_a_spec_of_the_training_notebook_narrowed_to_th
 
     path.write_text(yaml.safe_dump(spec))
     assert len(expand(load_spec(path))) == 6  # 2 variants x 3 rounds: train_step takes every parameter set
+
+
+@pytest.mark.parametrize("parallelism, parameter, current, proposed", [
+    ("ddp", "bucket_cap_mb", [25.0], [100.0]), ("fsdp", "fsdp_prefetch", [1], [2])])
+def test_exposed_communication_proposes_a_setting_the_scaling_notebook_takes(tmp_path, parallelism, parameter,
+                                                                            current, proposed):
+    import yaml
+
+    from perfkit.analyse.advice import advise
+    from perfkit.run.sweep.spec import expand, load_spec
+    from perfkit.view.advise_followup import spec_for
+
+    # A scaling point whose step (100 ms) is twice its compute-only step: 50 % exposed communication.
+    row = {"status": "ok", "config_id": "s1", "workload": "scaling", "notebook": "scaling.ipynb",
+           "parallelism": parallelism, "world_size": 2, "step_time_s": 0.1, "compute_time_s": 0.05,
+           "rank_compute_time_s": [0.05, 0.05], "bucket_cap_mb": 25.0, "fsdp_prefetch": 1}
+    (finding,) = advise(pd.DataFrame([row]), select_rules(["exposed_communication"]))
+    e = finding.experiment
+    assert (e.parameter, [e.current], [e.proposed]) == (parameter, current, proposed)
+    (tmp_path / "notebooks").mkdir()
+    params = {"parallelism": parallelism, "world_sizes": [1, 2], "batch": 64}
+    executed = {"metadata": {"papermill": {"input_path": str(REPO / "notebooks" / "scaling.ipynb"),
+                                           "parameters": params}}}
+    (tmp_path / "notebooks" / "s1.ipynb").write_text(json.dumps(executed))
+    spec = spec_for(finding, tmp_path, rounds=2)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    configs = expand(load_spec(path))  # the scaling notebook takes the parameter (checked, or exit 2)
+    assert sorted(c.params[parameter] for c in configs) == sorted([current[0], proposed[0]] * 2)
+    assert {tuple(c.params["world_sizes"]) for c in configs} == {(2,)}  # narrowed to the finding's point

@@ -49,7 +49,10 @@ def single_process_rows():
 def test_parallel_run_follows_the_single_process_loss(single_process_rows, model, parallelism):
     base = BASE if model == "transformer" else MLP
     reference = single_process_rows[model]
-    row = run_training(TrainConfig(**base, parallelism=parallelism, world_size=2), TIMEOUT_S)
+    # FSDP with explicit prefetch (each block all-gathers the next one early): the same trajectory
+    # (FSDP2's own one-block overlap is followed by the zero tests' parity fixture).
+    extra = {"fsdp_prefetch": 2} if parallelism == "fsdp" else {}
+    row = run_training(TrainConfig(**base, parallelism=parallelism, world_size=2, **extra), TIMEOUT_S)
     assert row["status"] == "ok", row["error"]
     assert len(row["losses"]) == base["steps"]
     assert row["losses"] == pytest.approx(reference["losses"], rel=RTOL)
@@ -394,3 +397,34 @@ def test_a_onednn_primitive_failure_is_an_oom_under_the_address_space_cap_only(m
     with pytest.raises(RuntimeError, match="could not create a primitive") as plain:
         step.train_rank(TrainConfig(model="mlp", steps=2).as_dict())
     assert not isinstance(plain.value, MemoryError)
+
+
+_PREFETCH_PROBE = """
+import sys, tempfile, torch, torch.distributed as dist
+from perfkit.measuring.training import parallel
+from perfkit.measuring.workloads import synthetic
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+work = synthetic.build(synthetic.make_spec("transformer", n_layers=4, d_model=32, n_heads=4, vocab_size=64))
+parallel.apply_fsdp(work.model, blocks=work.blocks(), prefetch=int(sys.argv[1]))
+for block in work.blocks():
+    state = block._get_fsdp_state()  # torch internals: what set_modules_to_*_prefetch set
+    print(len(state._states_to_forward_prefetch), len(state._states_to_backward_prefetch))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_prefetch_makes_each_block_gather_that_many_ahead_in_forward_and_backward():
+    import subprocess
+    import sys
+
+    def counts(prefetch):
+        out = subprocess.run([sys.executable, "-c", _PREFETCH_PROBE, str(prefetch)], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return [tuple(map(int, line.split())) for line in out.stdout.splitlines()]
+
+    # 4 blocks, 2 ahead: forward to the next two (fewer at the end), backward to the previous two.
+    assert counts(2) == [(2, 0), (2, 1), (1, 2), (0, 2)]
+    assert counts(1) == [(0, 0)] * 4  # FSDP2's own overlap: nothing set explicitly
+    with pytest.raises(BadInputError, match="fsdp_prefetch"):
+        TrainConfig(**BASE, fsdp_prefetch=0)

@@ -147,12 +147,18 @@ def exposed_communication(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         par = row.get("parallelism")
         knobs = {"ddp": "a larger bucket_cap_mb (fewer, larger all-reduces), gradient_as_bucket_view, or an "
                         "fp16/bf16 compression comm_hook",
-                 "fsdp": "prefetching the next all-gather (forward/backward prefetch) or a larger wrapping unit"}
-        bucket = row.get("bucket_cap_mb")
+                 "fsdp": "prefetching more all-gathers ahead (fsdp_prefetch: forward and backward) or a larger "
+                         "wrapping unit"}
+        bucket, prefetch = row.get("bucket_cap_mb"), row.get("fsdp_prefetch")
         experiment = None
+        narrow = {"world_sizes": [int(row["world_size"])]}
         if par == "ddp" and finite(bucket):
             experiment = Experiment(notebook=notebook_of(row), parameter="bucket_cap_mb", current=float(bucket),
-                                    proposed=float(bucket) * 4, narrow={"world_sizes": [int(row["world_size"])]})
+                                    proposed=float(bucket) * 4, narrow=narrow)
+        elif par == "fsdp":
+            current = int(prefetch) if finite(prefetch) else 1  # rows from before the parameter: FSDP2's own
+            experiment = Experiment(notebook=notebook_of(row), parameter="fsdp_prefetch", current=current,
+                                    proposed=current + 1, narrow=narrow)
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
             cost_share=share, confidence=confidence_of(rule, share, row), source=rule.source,

@@ -98,6 +98,11 @@ class TrainConfig:
     fp32/tf32 makes the matmuls 16-bit (:attr:`compute_dtype`); refused beside autocast."""
     fsdp_reduce_dtype: str | None = None
     """FSDP2 mixed precision: dtype of the gradient reduce-scatter."""
+    fsdp_prefetch: int = 1
+    """FSDP2: blocks whose all-gather each block issues ahead of use, in forward and in backward.
+    1 is FSDP2's own overlap (the next block); 2 or more prefetch explicitly
+    (``set_modules_to_forward_prefetch``/``_backward_``): more overlap, more memory reserved.
+    Ignored without FSDP2."""
     steps: int = 5
     """Optimizer steps in all, warm-up included."""
     warmup_steps: int = 1
@@ -187,6 +192,7 @@ class TrainConfig:
         if self.profile and self.steps - self.warmup_steps < 1 + self.profile_active_steps:
             raise BadInputError(f"profile needs steps ≥ warmup_steps + 1 + profile_active_steps "
                                 f"({self.warmup_steps} + 1 + {self.profile_active_steps}), got steps={self.steps}")
+        checks.integer_at_least("fsdp_prefetch", self.fsdp_prefetch, 1)
         if self.memory_snapshot_max_entries < 1:
             raise BadInputError(f"memory_snapshot_max_entries must be ≥ 1, got {self.memory_snapshot_max_entries}")
         if self.memory_breakdown and self.warmup_steps < 3:

@@ -138,17 +138,26 @@ def apply_fsdp(
     reduce_dtype: torch.dtype | None = None,
     mesh=None,
     blocks=None,
+    prefetch: int = 1,
 ) -> nn.Module:
     """FSDP2: ``fully_shard`` each of ``blocks`` (default ``model.blocks``; one all-gather per
     block), then the root (embeddings, head, and all of a model without blocks), over ``mesh``
-    (default: a 1-D mesh of every rank). ``reshard_after_forward=False`` is ZeRO-2, True ZeRO-3."""
+    (default: a 1-D mesh of every rank). ``reshard_after_forward=False`` is ZeRO-2, True ZeRO-3.
+    ``prefetch`` > 1: each block issues the all-gathers of the next ``prefetch`` blocks in forward
+    (the previous ones in backward) as soon as its own is copied out (torchtitan's explicit
+    prefetch); 1 leaves FSDP2's own overlap of one block."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if mesh is None:
         mesh = world_mesh((dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in (getattr(model, "blocks", ()) if blocks is None else blocks):
+    blocks = list(getattr(model, "blocks", ()) if blocks is None else blocks)
+    for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    if prefetch > 1:
+        for i, block in enumerate(blocks):
+            block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + prefetch])
+            block.set_modules_to_backward_prefetch(blocks[max(0, i - prefetch):i][::-1])
     # The root's parameters are needed again right after forward (loss, then backward of the
     # head), so resharding them after forward would only add an all-gather (torchtitan does this).
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
@@ -177,7 +186,8 @@ def apply_tp(model: nn.Module, *, mesh=None, plan=None) -> nn.Module:
 
 def apply_fsdp_tp(model: nn.Module, *, dp_degree: int, tp_degree: int,
                   reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
-                  reduce_dtype: torch.dtype | None = None, blocks=None, plan=None) -> nn.Module:
+                  reduce_dtype: torch.dtype | None = None, blocks=None, plan=None,
+                  prefetch: int = 1) -> nn.Module:
     """FSDP2 × tensor parallel on a ``(dp, tp)`` mesh: TP inside each group of ``tp_degree``
     consecutive ranks, FSDP2 across the groups. Goes through :func:`apply_tp` and
     :func:`apply_fsdp` by module attribute, so what patches them (the scaling run) applies here."""
@@ -187,7 +197,7 @@ def apply_fsdp_tp(model: nn.Module, *, dp_degree: int, tp_degree: int,
     mesh = world_mesh((dp_degree, tp_degree), names=("dp", "tp"))
     model = apply_tp(model, mesh=mesh["tp"], plan=plan)
     return apply_fsdp(model, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward,
-                      param_dtype=param_dtype, reduce_dtype=reduce_dtype, blocks=blocks)
+                      param_dtype=param_dtype, reduce_dtype=reduce_dtype, blocks=blocks, prefetch=prefetch)
 
 
 def make_optimizer(model: nn.Module, *, parallelism: str, lr: float) -> torch.optim.Optimizer:

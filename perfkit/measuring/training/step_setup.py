@@ -57,13 +57,15 @@ def prepare(cfg: TrainConfig, device: torch.device, build=None) -> tuple[nn.Modu
     elif cfg.parallelism in ("fsdp", "zero2", "zero3"):
         model = parallel.apply_fsdp(model, reshard_after_forward=cfg.reshard, blocks=work.blocks(),
                                     param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
-                                    reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
+                                    reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype),
+                                    prefetch=cfg.fsdp_prefetch)
     elif cfg.parallelism == "fsdp_tp":
         model = parallel.apply_fsdp_tp(model, dp_degree=cfg.dp_size, tp_degree=cfg.tp_size,
                                        blocks=work.blocks(), plan=work.tp_plan,
                                        reshard_after_forward=cfg.reshard,
                                        param_dtype=parallel.dtype_from_name(cfg.fsdp_param_dtype),
-                                       reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype))
+                                       reduce_dtype=parallel.dtype_from_name(cfg.fsdp_reduce_dtype),
+                                       prefetch=cfg.fsdp_prefetch)
     elif cfg.parallelism == "tp":
         model = parallel.apply_tp(model, plan=work.tp_plan)
     if cfg.compile:
