@@ -1,4 +1,4 @@
-"""Random-read throughput of the four storage formats, as ratios to one file per sample, same run.
+"""Random-read throughput of the storage formats, as ratios to one file per sample, same run.
 
 The datasets of ``perfkit.measuring.data.datasets`` (``--n-samples`` samples of ``--sample-bytes`` seeded
 random bytes; Parquet in row groups of ``--rows-per-group``), generated once into a temporary
@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perfkit.measuring.data import datasets  # noqa: E402
+from perfkit.measuring.data import datasets, page_cache  # noqa: E402
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
             reader = readers[fmt]
             if args.cold:
                 reader.close()  # an open mapping (mmap, LMDB) would keep its pages cached
-                datasets.evict_page_cache(reader.path)
+                page_cache.evict(reader.path)
             indices = rng.permutation(args.n_samples).tolist()
             t0 = time.perf_counter()
             for i in indices:

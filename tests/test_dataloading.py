@@ -196,7 +196,7 @@ def test_spawned_workers_read_lmdb_and_train_a_workload(tmp_path):
     ({"num_workers": [-1]}, "num_workers must be an integer >= 0"),
     ({"num_workers": [0, 2], "prefetch_factor": 4}, "prefetch_factor needs num_workers > 0"),
     ({"persistent_workers": True, "num_workers": 0}, "persistent_workers needs num_workers > 0"),
-    ({"format": "tfrecord"}, "format must be one of 'parquet', 'lmdb', 'files', 'mmap'"),
+    ({"format": "recordio"}, "format must be one of 'parquet', 'lmdb', 'files', 'mmap', 'tfrecord'"),
     ({"model": "transformer"}, "model must be one of 'mlp', 'convnet'"),
     ({"warmup_steps": 12, "steps": 12}, "warmup_steps"),
     ({"nonsense": 1}, "unknown data-loading parameters"),

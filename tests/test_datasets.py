@@ -56,8 +56,8 @@ def test_the_default_cache_is_under_perfkit_out_else_the_user_cache(monkeypatch,
 
 
 def test_an_unknown_format_is_bad_input():
-    with pytest.raises(BadInputError, match="unknown format 'tfrecord'; use one of parquet, lmdb, files, mmap"):
-        datasets.DatasetSpec(format="tfrecord")
+    with pytest.raises(BadInputError, match="unknown format 'recordio'; use one of parquet, lmdb, files, mmap, tfrecord"):
+        datasets.DatasetSpec(format="recordio")
 
 
 _KILLED_MIDWAY = """

@@ -10,7 +10,9 @@ formats in deep learning"):
 - ``parquet``: a table (``index``, ``data``) in row groups of ``rows_per_group`` rows, no
   compression; a random read decodes the row group holding the sample (Parquet's unit of
   random access), so small row groups read faster at random and large ones scan faster;
-- ``lmdb``: one LMDB environment, key ``b"%08d" % index``, read-only, no readahead.
+- ``lmdb``: one LMDB environment, key ``b"%08d" % index``, read-only, no readahead;
+- ``tfrecord``: records of ``tf.train.Example`` with an index of offsets, every CRC checked
+  (:mod:`perfkit.measuring.data.tfrecord`; no TensorFlow, the ``tfrecord`` extra's crc32c).
 
 **Cache.** A dataset lives in ``<cache>/<format>-<n>x<bytes>-<hash>``, the hash over every
 :class:`DatasetSpec` field and the layout version: equal parameters reuse one generation across
@@ -60,7 +62,10 @@ __all__ = ["FORMATS", "DECODE_CLOCKS", "DatasetSpec", "default_cache_dir", "ensu
            "dataset_bytes", "reader", "sample_raw", "SampleDataset",
            "FilesDataset", "MmapDataset", "ParquetDataset", "LmdbDataset", "MemoryDataset"]
 
-FORMATS = ("parquet", "lmdb", "files", "mmap")
+FORMATS = ("parquet", "lmdb", "files", "mmap", "tfrecord")
+#: Formats with a module of their own (it builds on this one), imported by name on first use:
+#: its ``write(spec, root)``, ``Reader`` and ``check_available()`` (an extra it needs).
+_FORMAT_MODULES = {"tfrecord": "perfkit.measuring.data.tfrecord"}
 #: ``thread``: the decode burns this thread's CPU time (``time.thread_time``); ``wall``: it burns
 #: CPU until this much wall time passed (``time.perf_counter``).
 DECODE_CLOCKS = ("thread", "wall")
@@ -77,7 +82,7 @@ class DatasetSpec:
     """What a dataset holds and how it is stored; equal specs share one cached generation."""
 
     format: str
-    """Storage format: ``parquet``, ``lmdb``, ``files`` or ``mmap``."""
+    """Storage format: ``parquet``, ``lmdb``, ``files``, ``mmap`` or ``tfrecord``."""
     n_samples: int = 256
     """Samples in the dataset."""
     sample_bytes: int = 3072
@@ -92,6 +97,8 @@ class DatasetSpec:
             raise BadInputError(f"unknown format {self.format!r}; use one of {', '.join(FORMATS)}")
         for name in ("n_samples", "sample_bytes", "rows_per_group"):
             checks.integer_at_least(name, getattr(self, name), 1)
+        if self.format in _FORMAT_MODULES:
+            _format_module(self.format).check_available()
         checks.integer_at_least("seed", self.seed, 0)
 
     @property
@@ -234,7 +241,7 @@ def ensure(spec: DatasetSpec, cache_dir: str | Path | None = None) -> tuple[Path
     tmp.mkdir()
     try:
         t0 = time.perf_counter()
-        written = _WRITERS[spec.format](spec, tmp)
+        written = (_WRITERS.get(spec.format) or _format_module(spec.format).write)(spec, tmp)
         meta = {"spec": asdict(spec), "layout": _LAYOUT_VERSION, "generation_s": time.perf_counter() - t0,
                 "bytes": sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())}
         (tmp / _META).write_text(json.dumps(meta))
@@ -427,4 +434,10 @@ _READERS = {"files": FilesDataset, "mmap": MmapDataset, "parquet": ParquetDatase
 def reader(path: str | Path, spec: DatasetSpec, **options) -> SampleDataset:
     """The reader of the dataset of ``spec`` at ``path`` (``options``: ``decode_cost_s``,
     ``decode_clock``, ``fetch_delay_s``, ``out_shape``)."""
-    return _READERS[spec.format](path, spec, **options)
+    return (_READERS.get(spec.format) or _format_module(spec.format).Reader)(path, spec, **options)
+
+
+def _format_module(name: str):
+    import importlib
+
+    return importlib.import_module(_FORMAT_MODULES[name])
