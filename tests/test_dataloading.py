@@ -133,7 +133,7 @@ def test_stall_attribution_puts_a_fetch_delay_and_a_decode_cost_each_in_its_own_
         assert len(row["cached_step_time_samples_s"]) == len(row["ceiling_step_time_samples_s"]) == 10
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "lmdb", "files", "mmap"])
+@pytest.mark.parametrize("fmt", ["parquet", "lmdb", "files", "mmap", "tfrecord"])
 def test_every_format_loads_in_the_main_process_then_in_forked_workers(tmp_path, fmt):
     # The main process reads first (0 workers), then forks workers: an LMDB environment or a
     # mapping left open across the fork must not break them.

@@ -339,3 +339,38 @@ def test_an_ab_sweep_runs_each_variant_and_round_as_its_own_task(cluster, tmp_pa
     state = Ledger(tmp_path / "out").state()
     assert {(e.variant, e.round) for e in state.values()} == {("a", 1), ("a", 2), ("b", 1), ("b", 2)}
     assert all(e.slot.startswith("slurm:") for e in state.values())
+
+
+SLEEP = Path(__file__).parent / "notebooks" / "sleep.ipynb"
+
+
+def test_advise_verify_runs_its_experiment_as_a_slurm_job_array(cluster, tmp_path):
+    """Issue 29: ``perfkit advise DIR --verify --executor slurm``: the experiment (a configuration
+    as it ran, current against advised) runs as a job array and is judged as a local one is."""
+    import argparse
+
+    from perfkit.analyse.advice import Experiment, Finding
+    from perfkit.run.sweep.cli import add_executor_arguments, slurm_options
+    from perfkit.view.advise_followup import verify
+
+    folder = tmp_path / "dir"
+    local = run_sweep(SweepSpec(parts=(SweepPart(notebook=SLEEP, grid={"delay_s": [0.02]}),)), folder,
+                      progress=False)
+    (config_id,) = [o.config_id for o in local.outcomes]
+    finding = Finding(rule="test", constraint="sleeps too long", point="sleep", config_ids=(config_id,),
+                      cost_share=0.5, evidence={}, summary="", advice="sleep less",
+                      experiment=Experiment(notebook="sleep.ipynb", parameter="delay_s", current=0.02, proposed=0.005))
+    parser = argparse.ArgumentParser()
+    add_executor_arguments(parser)
+    slurm = slurm_options(parser.parse_args(["--executor", "slurm", "--partition", cluster.partition,
+                                             "--cpus-per-task", "1"]))
+    (v,) = verify([finding], folder, top=1, rounds=2, slurm=slurm)
+    assert v.verdict == "faster" and v.speedup > 2, v.text  # 20 ms against 5 ms a call
+    ran = perfkit.load(v.folder)
+    assert sorted(zip(ran["variant"], ran["round"])) == [("advised", 1), ("advised", 2), ("current", 1), ("current", 2)]
+    # Every experiment configuration ran as a task of one Slurm array (the driver's record of its jobs).
+    jobs = json.loads((v.folder / "slurm" / "jobs.json").read_text())["configs"]
+    assert set(jobs) == set(ran["config_id"]) and len({r["job_id"].split("_")[0] for r in jobs.values()}) == 1, jobs
+    assert json.loads((v.folder / "verdict.json").read_text())["verdict"] == "faster"
+    with pytest.raises(BadInputError, match="only apply with --executor slurm"):
+        slurm_options(parser.parse_args(["--partition", "x"]))

@@ -46,6 +46,9 @@ def add_advise_command(sub) -> None:
     p.add_argument("--top", type=int, default=1, metavar="N", help="how many pieces of advice --spec/--verify test (default 1)")
     p.add_argument("--rounds", type=int, default=3, metavar="R",
                    help="rounds of each side in the experiment, interleaved (default 3; 5 or more to gate on it)")
+    from ..run.sweep.cli import add_executor_arguments
+
+    add_executor_arguments(p)  # where --verify runs the experiment: here, or a Slurm job array
     p.set_defaults(func=run_advise)
 
 
@@ -56,6 +59,8 @@ def _check_args(args) -> None:
         raise BadInputError("give a results folder: perfkit advise DIR (or --rules to list the rules)")
     if not Path(args.dir).is_dir():
         raise BadInputError(f"results directory {args.dir!r} does not exist (or is not a folder)")
+    if args.executor != "local" and not args.verify:
+        raise BadInputError("--executor says where --verify runs its experiments: give --verify too")
     for flag, path in (("--markdown", args.markdown), ("--json", args.json), ("--spec", args.spec)):
         if path and path != "-" and not Path(path).resolve().parent.is_dir():
             raise BadInputError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
@@ -97,15 +102,17 @@ def run_advise(args) -> int:
 
 
 def _verify(findings: list[Finding], args) -> int:
+    from ..run.sweep.cli import slurm_options
     from .advise_followup import experiments, verify
 
+    slurm = slurm_options(args)
     if not experiments(findings, args.top):
         print("\nnothing to verify: no advice here comes with an experiment (a setting to change), so there is "
               "nothing to run; the findings above say what was seen")
         return 0
     print(f"\nverifying the top {args.top} piece(s) of advice, {args.rounds} rounds a side, into "
           f"{Path(args.dir) / 'advice'}/ ...", flush=True)
-    for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds), 1):
+    for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds, slurm=slurm), 1):
         print(f"[{n}] {v.finding.constraint} in {v.finding.point}\n    {v.text}\n    rows: {v.folder}")
     return 0
 

@@ -147,12 +147,13 @@ def _line(f: Finding, verdict: str, speed: tuple[float, float, float], metric: s
 
 
 def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, workers: int = 1,
-           progress: bool = False) -> list[Verification]:
+           progress: bool = False, slurm: dict | None = None) -> list[Verification]:
     """Run each chosen experiment into ``directory/advice/<n>/`` (resumable: a second call runs
-    only what is missing) and judge it with ``perfkit compare --by variant --base current``."""
+    only what is missing) and judge it with ``perfkit compare --by variant --base current``.
+    ``slurm``: run it as a Slurm job array instead (the Slurm executor's settings)."""
     from ..analyse.compare import compare_by
     from ..core.results import IGNORE_MARKER
-    from ..run.sweep import load_spec, run_sweep
+    from ..run.sweep import expand, load_spec, run_sweep
     from .compare import load_rows
 
     chosen = experiments(findings, top)
@@ -165,7 +166,13 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, w
         folder.mkdir(exist_ok=True)
         spec_path = folder / "spec.yaml"
         _write_spec(spec_path, f, directory, rounds)
-        result = run_sweep(load_spec(spec_path), folder, workers=workers, progress=progress)
+        spec = load_spec(spec_path)
+        if slurm is not None:
+            from ..run.sweep.slurm import run_slurm_sweep
+
+            result = run_slurm_sweep(spec, expand(spec), folder, progress=progress, **slurm)
+        else:
+            result = run_sweep(spec, folder, workers=workers, progress=progress)
         rows = load_rows(folder)
         ok_sides = set(rows.loc[rows["status"] == "ok", "variant"].dropna())
         if result.exit_code != 0 or ok_sides != {BASE, ADVISED}:

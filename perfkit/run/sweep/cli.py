@@ -36,6 +36,37 @@ _SLURM_FLAGS = ("--partition", "--time-limit-min", "--cpus-per-task", "--gpus-pe
                 "--sbatch-option")
 
 
+def add_executor_arguments(p) -> None:
+    """``--executor`` and the Slurm settings, as ``perfkit sweep`` and ``perfkit advise --verify`` take them."""
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm])")
+    g = p.add_argument_group("--executor slurm (override the spec's slurm: settings)")
+    g.add_argument("--partition", help="Slurm partition of the job array")
+    g.add_argument("--time-limit-min", type=int,
+                   help="time limit of each task, whole minutes (default: the spec's timeout_s + 1 min, or 60)")
+    g.add_argument("--cpus-per-task", type=int, help="CPUs of each task (sets OMP_NUM_THREADS in its kernel)")
+    g.add_argument("--gpus-per-task", type=int, help="GPUs of each task")
+    g.add_argument("--array-parallelism", type=int, help="tasks of the array running at once")
+    g.add_argument("--sbatch-option", action="append", metavar="KEY=VALUE",
+                   help="any other sbatch option, e.g. account=myproj (repeatable)")
+
+
+def slurm_options(args) -> dict | None:
+    """The Slurm executor's keyword arguments from :func:`add_executor_arguments`' flags; None for
+    the local executor (where a Slurm flag is bad input)."""
+    if args.executor != "slurm":
+        given = [f for f in _SLURM_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+        if given:
+            raise BadInputError(f"{', '.join(given)} only apply with --executor slurm")
+        return None
+    from .slurm_settings import parse_sbatch_options
+
+    return {"partition": args.partition, "time_limit_min": args.time_limit_min,
+            "cpus_per_task": args.cpus_per_task, "gpus_per_task": args.gpus_per_task,
+            "array_parallelism": args.array_parallelism,
+            "sbatch_options": parse_sbatch_options(args.sbatch_option) or None}
+
+
 def _short(text: object, width: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -69,19 +100,13 @@ def _cmd_sweep(args) -> int:
         print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
               f"({', '.join(sorted(FINISHED))} are not re-run)")
         return 0
-    if args.executor == "slurm":
+    slurm = slurm_options(args)
+    if slurm is not None:
         from .slurm import run_slurm_sweep
-        from .slurm_settings import parse_sbatch_options
 
         result = run_slurm_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet,
-                                 partition=args.partition, time_limit_min=args.time_limit_min,
-                                 cpus_per_task=args.cpus_per_task, gpus_per_task=args.gpus_per_task,
-                                 array_parallelism=args.array_parallelism,
-                                 sbatch_options=parse_sbatch_options(args.sbatch_option) or None)
+                                 **slurm)
     else:
-        given = [f for f in _SLURM_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
-        if given:
-            raise BadInputError(f"{', '.join(given)} only apply with --executor slurm")
         result = run_sweep(spec, out, workers=args.workers, retry_failed=args.retry_failed,
                            progress=False if args.quiet else None,
                            prestart={"auto": None, "on": True, "off": False}[args.prestart])
@@ -165,22 +190,12 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retry-failed", action="store_true", help="also re-run configurations that ended failed or timeout")
     p.add_argument("--workers", type=int, default=1,
                    help="configurations at once; each owns a disjoint device slot (GPUs) or a share of the cores (CPU)")
-    p.add_argument("--executor", choices=("local", "slurm"), default="local",
-                   help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm])")
+    add_executor_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--prestart", choices=("auto", "on", "off"), default="auto",
                    help="start each slot's next kernel (at idle priority) while the current configuration "
                         "runs: hides kernel start-up. auto (default): on GPU slots only, since a starting "
                         "kernel perturbs CPU measurements on the same cores")
-    g = p.add_argument_group("--executor slurm (override the spec's slurm: settings)")
-    g.add_argument("--partition", help="Slurm partition of the job array")
-    g.add_argument("--time-limit-min", type=int,
-                   help="time limit of each task, whole minutes (default: the spec's timeout_s + 1 min, or 60)")
-    g.add_argument("--cpus-per-task", type=int, help="CPUs of each task (sets OMP_NUM_THREADS in its kernel)")
-    g.add_argument("--gpus-per-task", type=int, help="GPUs of each task")
-    g.add_argument("--array-parallelism", type=int, help="tasks of the array running at once")
-    g.add_argument("--sbatch-option", action="append", metavar="KEY=VALUE",
-                   help="any other sbatch option, e.g. account=myproj (repeatable)")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("new", help="scaffold a notebook and a sweep spec from templates/ (--model: your model's entry point)")
