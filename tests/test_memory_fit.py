@@ -70,7 +70,12 @@ def test_the_fake_prediction_matches_the_tracked_step_on_two_gloo_ranks(model):
             assert row["memory_predicted_communication_buffers_bytes"] == row["memory_ddp_bucket_bytes"] > 0
         blocks = row["memory_tracked_top_modules"]
         assert blocks and all(b["param_bytes"] > 0 and b["forward_retained_bytes"] > 0 for b in blocks), label
-        assert [b["name"] for b in blocks] == [b["name"] for b in row["memory_predicted_top_modules"]]
+        # The same blocks hold the most, tracked and predicted; their order among equal blocks (a
+        # model's identical layers, within a few bytes of each other) is not a claim: a CI run
+        # had hf:llama's two layers swapped. Each block's parameters are the same bytes.
+        predicted = {b["name"]: b for b in row["memory_predicted_top_modules"]}
+        assert {b["name"] for b in blocks} == set(predicted), label
+        assert all(b["param_bytes"] == predicted[b["name"]]["param_bytes"] for b in blocks), label
 
 
 def test_the_peak_only_tracker_reads_the_same_peak_as_torchs_own():
