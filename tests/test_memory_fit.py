@@ -111,7 +111,8 @@ def test_a_users_entry_point_is_predicted_as_it_runs():
     row = run_training(cfg)
     assert row["status"] == "ok", row.get("error")
     assert abs(row["memory_predicted_over_tracked"] - 1) <= TOLERANCE
-    assert [b["name"] for b in row["memory_predicted_top_modules"]][:1] == [b["name"] for b in row["memory_tracked_top_modules"]][:1]
+    # The same blocks (its layers are alike, so their order is not a claim: see the two-rank test).
+    assert {b["name"] for b in row["memory_predicted_top_modules"]} == {b["name"] for b in row["memory_tracked_top_modules"]}
 
 
 def _allocator_peak(model: str, parallelism: str, store: str) -> dict:
