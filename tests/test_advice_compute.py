@@ -24,7 +24,8 @@ def _trace_row(path: Path, config_id: str, **extra) -> dict:
     summary = trace_summary([path]).iloc[0]
     return {"status": "ok", "config_id": config_id, "workload": "train_step", "notebook": "train_step.ipynb",
             "trace_idle_share": summary["trace_idle_share"], "trace_top_kernel": summary["trace_top_kernel"],
-            "trace_top_kernel_share": summary["trace_top_kernel_share"], "batch_size": 8, **extra}
+            "trace_top_kernel_share": summary["trace_top_kernel_share"],
+            "trace_short_kernel_share": summary["trace_short_kernel_share"], "batch_size": 8, **extra}
 
 
 def test_a_launch_bound_rocm_trace_is_host_bound_and_a_busy_one_is_not():
@@ -40,6 +41,14 @@ def test_a_launch_bound_rocm_trace_is_host_bound_and_a_busy_one_is_not():
     toy_finding = found["toy"]
     assert toy_finding.evidence["trace_idle_share"] == pytest.approx(0.985, abs=0.005)
     assert toy_finding.cost_share == toy_finding.evidence["trace_idle_share"]
+    # "Many short kernels": counted straight from the trace file, 10 of its 14 kernels run < 10 µs.
+    import gzip
+
+    kernels = [e for e in json.load(gzip.open(toy))["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    short = sum(e["dur"] < 10 for e in kernels) / len(kernels)
+    assert (len(kernels), short) == (14, pytest.approx(10 / 14))
+    assert toy_finding.evidence["trace_short_kernel_share"] == pytest.approx(short)
+    assert "71% of its kernels run under 10 µs" in toy_finding.summary and "launch-bound" in toy_finding.summary
     assert (toy_finding.experiment.parameter, toy_finding.experiment.proposed) == ("compile", True)
     # Already compiled on a GPU: CUDA graphs next.
     assert (found["toy-compiled"].experiment.parameter, found["toy-compiled"].experiment.proposed) == \
@@ -110,6 +119,10 @@ def test_compute_bound_fp32_on_a_device_with_a_4x_bf16_roof_is_told_to_try_bf16(
     assert finding.cost_share == pytest.approx(share * 0.75)
     assert (finding.experiment.parameter, finding.experiment.current, finding.experiment.proposed) == \
         ("precision", "fp32", "bf16")
+    # Where the device has a tf32 roof that clears the bar too, the smaller change comes first.
+    with_tf32 = pd.concat([roofs(4.0), pd.DataFrame([ceiling_row("compute", "tf32", None, 3 * G)])], ignore_index=True)
+    (tf32,) = advise(_roofline_rows(mlp_step, with_tf32, "ampere"), select_rules(["precision_below_device"]))
+    assert (tf32.experiment.proposed, tf32.evidence["roof_ratio"]) == ("tf32", pytest.approx(3.0))
 
 
 def test_the_fusion_experiment_is_a_spec_of_the_training_notebook_narrowed_to_the_roofline_s_model(tmp_path):
@@ -167,3 +180,44 @@ def test_exposed_communication_proposes_a_setting_the_scaling_notebook_takes(tmp
     configs = expand(load_spec(path))  # the scaling notebook takes the parameter (checked, or exit 2)
     assert sorted(c.params[parameter] for c in configs) == sorted([current[0], proposed[0]] * 2)
     assert {tuple(c.params["world_sizes"]) for c in configs} == {(2,)}  # narrowed to the finding's point
+
+
+def test_a_batch_at_its_edge_is_told_checkpointing_buys_room_and_the_experiment_changes_both(tmp_path):
+    import yaml
+
+    from perfkit.measuring.training import memory_model
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.run.sweep.spec import expand, load_spec
+    from perfkit.view.advise_followup import spec_for
+
+    # The memory model's own edges for a transformer against 64 MiB a rank: checkpointing frees
+    # the blocks' saved activations, so its edge lies well past the plain one.
+    cfg = TrainConfig(model="transformer", batch_size=8, seq_len=64, device="cpu",
+                      model_size={"n_layers": 4, "d_model": 64, "n_heads": 4, "vocab_size": 256})
+    budget = 64 * 2**20
+    edge = memory_model.predicted_max_batch(cfg, budget)
+    edge_ac = memory_model._checkpointed_edge(cfg, budget)
+    assert edge and edge_ac > 2 * edge, (edge, edge_ac)
+    row = {"status": "ok", "config_id": "t1", "workload": "train_step", "notebook": "train_step.ipynb",
+           "batch_size": edge, "max_batch_size_predicted": edge, "max_batch_size_predicted_checkpointed": edge_ac,
+           "memory_budget_bytes": budget, "activation_checkpointing": False, "dp_size": 1}
+    (finding,) = advise(pd.DataFrame([row]), select_rules(["memory_headroom"]))
+    e = finding.experiment
+    assert (e.parameter, e.current, e.proposed, e.also, e.metric) == (
+        "activation_checkpointing", False, True, {"batch_size": 2 * edge}, "samples_per_s")
+    # Already checkpointing, or no room bought: nothing.
+    assert not advise(pd.DataFrame([{**row, "activation_checkpointing": True}]), select_rules(["memory_headroom"]))
+    assert not advise(pd.DataFrame([{**row, "max_batch_size_predicted_checkpointed": edge + 1}]),
+                      select_rules(["memory_headroom"]))
+    # The experiment: the configuration as it ran against checkpointing at the larger batch.
+    (tmp_path / "notebooks").mkdir()
+    executed = {"metadata": {"papermill": {"input_path": str(REPO / "notebooks" / "train_step.ipynb"),
+                                           "parameters": {"model": "transformer", "batch_size": edge}}}}
+    (tmp_path / "notebooks" / "t1.ipynb").write_text(json.dumps(executed))
+    spec = spec_for(finding, tmp_path, rounds=1)
+    assert [v.get("parameters") for v in spec["variants"]] == [
+        {"activation_checkpointing": False}, {"activation_checkpointing": True, "batch_size": 2 * edge}]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    sides = {c.variant.name: c.params for c in expand(load_spec(path))}
+    assert sides["current"]["batch_size"] == edge and sides["advised"]["batch_size"] == 2 * edge

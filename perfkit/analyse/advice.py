@@ -63,6 +63,9 @@ class Experiment:
     narrow: dict = field(default_factory=dict)
     """Parameter values that narrow the configuration to the finding's row where it measured
     several (a scaling run's ``world_sizes: [2]``); the rest of it runs as it ran."""
+    also: dict = field(default_factory=dict)
+    """More parameters the advised side changes with ``parameter`` (checkpointing is advised
+    together with the larger batch it makes room for)."""
 
 
 @dataclass(frozen=True)

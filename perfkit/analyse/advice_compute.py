@@ -11,11 +11,13 @@ import pandas as pd
 
 from .advice import Experiment, Finding, Rule, confidence_of, finite, flag, notebook_of, point_labels, rows_of
 from .roofline import STEP_OP
+from .trace_breakdown import SHORT_KERNEL_US
 
 __all__ = ["host_bound", "memory_bound_ops", "precision_below_device"]
 
-#: The faster precision to try, by the precision a row ran (ceiling rows name dtypes as precisions).
-FASTER = {"fp32": "bf16", "tf32": "bf16"}
+#: The faster precisions to try, by the precision a row ran, the smallest change first: fp32 → tf32
+#: (no autocast, fp32 range) before bf16; bf16 → fp8 (torchao). Ceiling rows name dtypes so.
+FASTER = {"fp32": ("tf32", "bf16"), "tf32": ("bf16",), "bf16": ("fp8",)}
 
 
 # ------------------------------------------------------------------------------ host/launch-bound
@@ -31,6 +33,9 @@ def host_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         if idle < rule.threshold:
             continue
         compiled = flag(row, "compile")
+        short = float(row["trace_short_kernel_share"]) if finite(row.get("trace_short_kernel_share")) else math.nan
+        launches = (f"; {short:.0%} of its kernels run under {SHORT_KERNEL_US:g} µs, about what a launch "
+                    "costs the host: launch-bound" if finite(short) and short >= 0.5 else "")
         if row.get("workload") == "train_step" and not compiled:
             experiment = Experiment(notebook=notebook_of(row), parameter="compile", current=False, proposed=True)
             what = ("fewer, larger kernels: torch.compile fuses the step's small ops (compile=True); "
@@ -50,10 +55,11 @@ def host_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
             cost_share=idle, confidence=confidence_of(rule, idle, row), source=rule.source,
-            evidence={"trace_idle_share": idle, "trace_top_kernel": row.get("trace_top_kernel"),
+            evidence={"trace_idle_share": idle, "trace_short_kernel_share": short,
+                      "trace_top_kernel": row.get("trace_top_kernel"),
                       "trace_top_kernel_share": float(row.get("trace_top_kernel_share", math.nan)),
                       "compile": compiled},
-            summary=f"the device is idle {idle:.0%} of the profiled window (threshold {rule.threshold:.0%})",
+            summary=f"the device is idle {idle:.0%} of the profiled window (threshold {rule.threshold:.0%}){launches}",
             advice=what, experiment=experiment)
 
 
@@ -97,6 +103,10 @@ def memory_bound_ops(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                                   narrow=narrow))
 
 
+_HOW = {"tf32": "TF32 tensor cores for fp32 matmuls, nothing else changes",
+        "bf16": "autocast; fp32 master weights and loss", "fp8": "torchao's float8 training; bf16 elsewhere"}
+
+
 def _roofs(ok: pd.DataFrame) -> dict[tuple[str, str], float]:
     """The folder's compute roofs by (origin, dtype), the fastest of each."""
     if not {"kind", "workload", "origin", "dtype", "value"} <= set(ok.columns):
@@ -119,15 +129,17 @@ def precision_below_device(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         precision = str(first.get("precision"))
         if precision not in FASTER:
             continue
-        proposed = FASTER[precision]
         # The roofs the points were placed against: the configuration's own (a folder may hold
         # several machines' rows), else the folder's; measured ones or the spec sheet's, one origin.
         roofs = _roofs(ok[ok["config_id"] == config_id]) or folder_roofs
         origin = str(first.get("ceiling_origin") or "measured")
         current_roof = roofs.get((origin, precision), math.nan)
-        faster_roof = roofs.get((origin, proposed), math.nan)
-        if not (finite(current_roof) and finite(faster_roof)):
+        # The first faster precision whose roof clears the threshold (a device without tf32 goes to bf16).
+        beaten = [(p, roofs[(origin, p)]) for p in FASTER[precision] if finite(roofs.get((origin, p)))
+                  and finite(current_roof) and roofs[(origin, p)] / current_roof >= rule.threshold]
+        if not beaten:
             continue
+        proposed, faster_roof = beaten[0]
         ratio = faster_roof / current_roof
         compute = group[group["bound"] == "compute"]
         share = float(compute["time_share"].sum())
@@ -143,8 +155,7 @@ def precision_below_device(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                       "roof_ratio": ratio},
             summary=(f"compute-bound ops take {share:.0%} of the step at {precision}, and this device's {proposed} "
                      f"roof is {ratio:.1f}x its {precision} roof"),
-            advice=(f"run the matmuls at {proposed} (autocast; keep fp32 master weights and the loss): up to "
-                    f"{saving:.0%} of the step if the compute-bound ops reach the faster roof; check the loss "
-                    f"trajectory stays where it was"),
+            advice=(f"run the matmuls at {proposed} ({_HOW[proposed]}): up to {saving:.0%} of the step if the "
+                    f"compute-bound ops reach the faster roof; check the loss trajectory stays where it was"),
             experiment=Experiment(notebook=notebook_of(first), parameter="precision", current=precision,
                                   proposed=proposed))

@@ -19,16 +19,17 @@ pipeline_bubble            train_step: bubble_fraction(_predicted),            m
 collectives_latency_bound  collectives: alpha through the smallest and         alpha >= 1/2 of the
                            largest size's fastest samples (and commfit's fit)  largest size's time
 memory_headroom            train_step: max_batch_size_predicted (memory model  edge >= 2 x batch
-                           against memory_budget_bytes) over batch_size
+                           against memory_budget_bytes) over batch_size; near  (with activation
+                           the edge, max_batch_size_predicted_checkpointed     checkpointing too)
 gemm_below_ceiling         gemm: flop_per_s against the folder's compute       50 % of the ceiling
                            ceiling or its best GEMM of the dtype
 host_bound                 any profiled row: trace_idle_share (HTA's idle      device idle >= 50 %:
-                           time over the trace's window)                       tb_plugin's low GPU
+                           time over the trace's window), short kernels        tb_plugin's low GPU
                                                                                utilization (< 0.5)
 memory_bound_ops           roofline: time_share of the ops whose bound is a    >= 50 % of the step
                            memory level
-precision_below_device     roofline: time_share of compute-bound ops at fp32/  faster roof >= 2 x
-                           tf32; the folder's measured compute roofs by dtype  the current one
+precision_below_device     roofline: time_share of compute-bound ops at fp32,  faster roof >= 2 x
+                           tf32 or bf16; the compute roofs by dtype            the current one
 noisy                      noisy (IQR over 10 % of the median)                 core.timing's flag
 =========================  ==================================================  =====================
 """
@@ -84,8 +85,9 @@ RULES: tuple[Rule, ...] = (
          "the step there, fusion (fewer round trips to memory) is the lever", compute.memory_bound_ops,
          "the step is mostly memory-bound ops"),
     Rule("precision_below_device", "precision the device beats", 2.0,
-         "roofline: the folder's measured compute roofs by dtype (measuring/kernels/ceilings.py); a roof 2x "
-         "higher at bf16 than at fp32 (tensor cores, AMX)", compute.precision_below_device,
+         "roofline: the compute roofs by dtype (measured: measuring/kernels/ceilings.py, or the spec sheet's); "
+         "a roof 2x higher at tf32/bf16 than at fp32, or at fp8 than at bf16 (tensor cores, AMX)",
+         compute.precision_below_device,
          "compute-bound at a precision this device runs far faster at another"),
     Rule("noisy", "noisy measurement", 0.10,
          "perfkit core/timing.py: IQR over 10 % of the median flags a point noisy (DESIGN.md)", kernels.noisy,

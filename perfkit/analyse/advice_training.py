@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from . import dataloading
-from .advice import Experiment, Finding, Rule, confidence_of, finite, is_noisy, notebook_of, point_labels, rows_of
+from .advice import (Experiment, Finding, Rule, confidence_of, finite, flag, is_noisy, notebook_of, point_labels,
+                     rows_of)
 from .compare_match import canon
 
 __all__ = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom"]
@@ -221,15 +222,43 @@ def pipeline_bubble(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
 # ------------------------------------------------------------------------------ memory
 
 
+def _checkpointing_buys_room(row: pd.Series, rule: Rule, label: str, batch: int, edge: int, step: int):
+    """The batch is near its edge, but checkpointing each block's activations would let it grow."""
+    edge_ac = row.get("max_batch_size_predicted_checkpointed")
+    if not finite(edge_ac) or int(edge_ac) / batch < rule.threshold:
+        return None
+    proposed = min(int(edge_ac), 2 * batch) // step * step
+    if proposed <= max(batch, edge):
+        return None
+    return Finding(
+        rule=rule.name, constraint=rule.constraint, point=label, config_ids=(row["config_id"],),
+        cost_share=math.nan, robust=True, source=rule.source,
+        confidence="low" if isinstance(row.get("activation_bytes_reason"), str) else "high",
+        evidence={"batch_size": batch, "max_batch_size_predicted": edge,
+                  "max_batch_size_predicted_checkpointed": int(edge_ac),
+                  "activation_bytes_predicted": float(row.get("activation_bytes_predicted", math.nan)),
+                  "memory_budget_bytes": float(row["memory_budget_bytes"])},
+        summary=(f"batch {batch} is near the predicted edge ({edge}); with activation checkpointing the "
+                 f"edge is {int(edge_ac)}"),
+        advice=(f"checkpoint each block's activations (activation_checkpointing=True: about a third more "
+                f"compute) and grow the batch to {proposed}; worth it when the larger batch raises throughput "
+                f"more than the recomputation costs"),
+        experiment=Experiment(notebook=notebook_of(row), parameter="activation_checkpointing", current=False,
+                              proposed=True, also={"batch_size": proposed}, metric="samples_per_s"))
+
+
 def memory_headroom(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
     labels = point_labels(ok)
     rows = rows_of(ok, "train_step", "batch_size", "max_batch_size_predicted", "memory_budget_bytes")
     for i, row in rows.iterrows():
         batch, edge = int(row["batch_size"]), int(row["max_batch_size_predicted"])
         room = edge / batch
-        if room < rule.threshold:
-            continue
         step = int(row["dp_size"]) if finite(row.get("dp_size")) else 1
+        if room < rule.threshold:
+            if not flag(row, "activation_checkpointing") and (
+                    found := _checkpointing_buys_room(row, rule, labels[i], batch, edge, step)):
+                yield found
+            continue
         if row.get("parallelism") == "pp" and finite(row.get("n_microbatches")):
             step = int(row["n_microbatches"])
         proposed = min(edge, 4 * batch) // step * step

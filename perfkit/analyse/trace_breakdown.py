@@ -47,6 +47,10 @@ DATA_WAIT_SPAN = "data_wait"
 DATALOADER_SPAN_PREFIX = "enumerate(DataLoader)#"
 """torch's own span around ``DataLoader.__next__`` (``torch/utils/data/dataloader.py``)."""
 CONSECUTIVE_KERNEL_DELAY_US = 30
+#: A GPU kernel shorter than this runs about as long as its launch costs the host (a few µs per
+#: launch: NVIDIA, "Getting Started with CUDA Graphs", 2019), so a step of such kernels is
+#: launch-bound; :func:`trace_summary`'s ``trace_short_kernel_share`` counts them.
+SHORT_KERNEL_US = 10.0
 """HTA's default ``consecutive_kernel_delay`` (``TraceAnalysis.get_idle_time_breakdown``)."""
 
 _KERNEL_CATS = ("kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events")
@@ -262,6 +266,12 @@ def data_wait_share(traces, *, steps: tuple[int, int] | None = None) -> pd.DataF
     return pd.DataFrame(rows, columns=["rank", "step", "step_time_s", "data_wait_time_s", "data_wait_share"])
 
 
+def _short_kernel_share(rk: RankWindow) -> float:
+    ev = rk.ev
+    kernels = rk.ran[np.isin(ev.cat_id[rk.ran], ev.ids_of(lambda s: s in ("kernel", "Kernel")))]
+    return float((ev.dur_us[kernels] < SHORT_KERNEL_US).mean()) if len(kernels) else np.nan
+
+
 def trace_summary(traces, *, steps: tuple[int, int] | None = None) -> pd.DataFrame:
     """One row per rank, the figures a results row carries (shares are fractions):
 
@@ -269,7 +279,9 @@ def trace_summary(traces, *, steps: tuple[int, int] | None = None) -> pd.DataFra
     - ``trace_exposed_comm_share``: communication time with no computation running at once
       (|∪comm| − |∪comm ∩ ∪comp|) / kernel_time;
     - ``trace_data_wait_share``: Σ data wait / Σ step time over the window's ProfilerSteps;
-    - ``trace_top_kernel``, ``trace_top_kernel_share``: the first row of :func:`top_kernels`.
+    - ``trace_top_kernel``, ``trace_top_kernel_share``: the first row of :func:`top_kernels`;
+    - ``trace_short_kernel_share``: the window's GPU kernels shorter than :data:`SHORT_KERNEL_US`,
+      as a share of their count (each kernel once).
     All NaN (or empty) where the trace has nothing to measure them by (no GPU, no steps).
     """
     out = []
@@ -287,5 +299,6 @@ def trace_summary(traces, *, steps: tuple[int, int] | None = None) -> pd.DataFra
             "trace_data_wait_share": waits["data_wait_time_s"].sum() / step_s if step_s > 0 else np.nan,
             "trace_top_kernel": top[0]["name"] if top else "",
             "trace_top_kernel_share": top[0]["share"] if top else np.nan,
+            "trace_short_kernel_share": _short_kernel_share(rk),
         })
     return pd.DataFrame(out)

@@ -76,7 +76,8 @@ def spec_for(finding: Finding, directory: Path, *, rounds: int) -> dict:
     if e.parameter:
         recorded = params.get(e.parameter)
         variants[0]["parameters"] = {e.parameter: _shaped(recorded, e.current)}
-        variants[1]["parameters"] = {e.parameter: _shaped(recorded, e.proposed)}
+        variants[1]["parameters"] = {e.parameter: _shaped(recorded, e.proposed),
+                                     **{k: _shaped(params.get(k), v) for k, v in e.also.items()}}
     else:
         variants[0]["env"] = {e.env: str(e.current)} if e.current is not None else {}
         variants[1]["env"] = {e.env: str(e.proposed)}
@@ -136,7 +137,8 @@ def speedup(ratio: float, lo: float, hi: float, lower_is_better: bool) -> tuple[
 
 def _line(f: Finding, verdict: str, speed: tuple[float, float, float], metric: str | None) -> str:
     e = f.experiment
-    what = f"advised: {e.parameter or e.env} {e.current!r} -> {e.proposed!r}"
+    what = f"advised: {e.parameter or e.env} {e.current!r} -> {e.proposed!r}" + "".join(
+        f", with {k} {v!r}" for k, v in e.also.items())
     if verdict == "failed":
         return f"{what}; the experiment did not run to the end (see its folder): no verdict"
     x, lo, hi = speed

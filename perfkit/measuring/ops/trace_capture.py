@@ -109,7 +109,7 @@ def current_trace_dir(*parts: str) -> Path:
 
 
 #: The shares :func:`summary_columns` averages over ranks.
-_SHARES = ("trace_idle_share", "trace_exposed_comm_share", "trace_data_wait_share")
+_SHARES = ("trace_idle_share", "trace_exposed_comm_share", "trace_data_wait_share", "trace_short_kernel_share")
 
 
 def summary_columns(paths) -> dict:

@@ -311,6 +311,20 @@ def memory_budget(cfg, device: str) -> tuple[int | None, str]:
     return None, "no per-rank budget on a CPU without address_space_headroom_bytes"
 
 
+def _checkpointed_edge(cfg, budget) -> float:
+    """The largest batch predicted to fit with activation checkpointing switched on (what the
+    memory it frees buys); NaN where it is on already, without a budget, or not modelled."""
+    if not budget or cfg.activation_checkpointing or cfg.parallelism == "pp":
+        return math.nan
+    from dataclasses import replace
+
+    try:
+        edge = predicted_max_batch(replace(cfg, activation_checkpointing=True), budget, multiple_of=cfg.dp_size)
+    except BadInputError:  # a model that cannot be checkpointed
+        return math.nan
+    return math.nan if edge is None else edge
+
+
 def row_columns(cfg, rank_results: list[dict], device: str = "cpu") -> dict:
     """Training-row columns: each rank's measured model state (the max over ranks) beside the
     prediction for ``cfg`` (a :class:`~perfkit.measuring.training.config.TrainConfig`), and the
@@ -322,6 +336,7 @@ def row_columns(cfg, rank_results: list[dict], device: str = "cpu") -> dict:
     return {
         "memory_budget_bytes": budget, "memory_budget_source": source,
         "max_batch_size_predicted": math.nan if edge is None else edge,
+        "max_batch_size_predicted_checkpointed": _checkpointed_edge(cfg, budget),
         **{k: max(r[k] for r in rank_results) for k in ("param_bytes", "grad_bytes", "optim_state_bytes")},
         "param_bytes_predicted": predicted.param_bytes, "grad_bytes_predicted": predicted.grad_bytes,
         "optim_state_bytes_predicted": predicted.optim_state_bytes,
