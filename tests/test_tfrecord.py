@@ -183,3 +183,16 @@ def test_without_crc32c_the_format_is_refused_before_any_data_is_made(monkeypatc
     with pytest.raises(BadInputError, match=r"pip install 'perfkit\[tfrecord\]'"):
         datasets.DatasetSpec(format="tfrecord", n_samples=4)
     assert not (tmp_path / "cache").exists()
+
+
+def test_two_ranks_of_two_workers_read_each_sample_exactly_once(stored):
+    # Each rank's DistributedSampler shard, split again over its two workers: together every
+    # sample once (48 samples divide evenly over 2 ranks, so no sample is repeated as padding).
+    reader = datasets.reader(stored, SPEC)
+    seen = []
+    for rank in (0, 1):
+        sampler = torch.utils.data.distributed.DistributedSampler(range(SPEC.n_samples), num_replicas=2, rank=rank,
+                                                                  shuffle=True, seed=0)
+        loader = torch.utils.data.DataLoader(_Indexed(reader), batch_size=4, sampler=sampler, num_workers=2)
+        seen += [int(i) for batch, _ in loader for i in batch]
+    assert sorted(seen) == list(range(SPEC.n_samples))
