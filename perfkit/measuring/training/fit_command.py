@@ -34,7 +34,7 @@ the same with activation checkpointing switched. The fake steps run two at a tim
 and a spawned one.
 
 Not counted: the CUDA/HIP allocator's caching and fragmentation, the CUDA context, NCCL's buffers
-(leave headroom: --headroom, default 10 %). Modelled parallelisms: none, ddp, zero2, zero3, fsdp.
+(leave headroom: --headroom, default 10 %). Modelled parallelisms: none, ddp, zero1, zero2, zero3, fsdp.
 
 Examples:
   perfkit fit transformer --device h100 --batch 64 --parallelism ddp --world-size 8
@@ -48,7 +48,7 @@ parallelism the fake step does not model, a model that does not build).
 
 #: The parallelisms :mod:`perfkit.measuring.training.memory_fit` models (``FIT_PARALLELISMS``;
 #: a test keeps the two equal), named here so that ``--help`` does not import torch.
-MODELLED = ("none", "ddp", "zero2", "zero3", "fsdp")
+MODELLED = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 

@@ -16,8 +16,9 @@ strides, no storage: a 7B model costs the host a few hundred MB and tens of seco
 so FSDP2's sharding, all-gathers and reshard are its real code. DDP is not constructed on fake
 tensors (it checks parameters across ranks); its step is the unwrapped one, plus the reducer's
 buckets, held from construction on: the parameters' bytes again (``gradient_as_bucket_view``
-makes the gradients those buckets' views, so they are not counted twice). Not modelled:
-``zero1``, ``tp``, ``fsdp_tp``, ``pp``, fp8 (torchao), ``torch.compile``; the allocator's caching and
+makes the gradients those buckets' views, so they are not counted twice). ``zero1`` is that
+step with the real ``ZeroRedundancyOptimizer`` over the fake world: rank 0's partition of the
+optimizer state. Not modelled: ``tp``, ``fsdp_tp``, ``pp``, fp8 (torchao), ``torch.compile``; the allocator's caching and
 fragmentation on a GPU (the CUDA allocator rounds and caches: the device holds more than the
 tensors do; leave headroom), the CUDA context, NCCL's buffers.
 
@@ -63,7 +64,7 @@ _CATEGORY_OF = {"Parameter": "parameters", "Sharded Param": "parameters", "Buffe
 #: The categories that grow with the per-rank batch (at a fixed sequence length).
 BATCH_SCALED = ("activations", "temporaries", "inputs")
 #: Parallelisms the fake step models.
-FIT_PARALLELISMS = ("none", "ddp", "zero2", "zero3", "fsdp")
+FIT_PARALLELISMS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 _PROBES = 3  # most fake steps largest_batch takes beyond its first, each way
 
 
@@ -201,7 +202,9 @@ class _Tracked:
             self.tracker = _peak_only(FSDPMemTracker)(model, optimizer)
         else:
             self.tracker = _peak_only(MemTracker)()
-            self.tracker.track_external(model, optimizer)
+            # ZeroRedundancyOptimizer keeps its state in the AdamW it wraps (``.optim``): that one
+            # is what MemTracker must see, or its state counts nowhere.
+            self.tracker.track_external(model, getattr(optimizer, "optim", optimizer))
         self.t0 = time.perf_counter()
 
     def result(self) -> StepMemory:
@@ -355,13 +358,17 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     device = torch.device("cuda" if cfg.device in ("cuda", "hip") else "cpu")
-    # DDP's step is one process's on its slice of the batch (plus the buckets, below).
+    # DDP's step is one process's on its slice of the batch (plus the buckets, below); ZeRO-1's
+    # too, its AdamW wrapped in the real ZeroRedundancyOptimizer over the fake world, which keeps
+    # the state of this rank's partition of the parameters only.
+    ddp_like = cfg.parallelism in ("ddp", "zero1")
     as_run = (dataclasses.replace(cfg, parallelism="none", world_size=1, batch_size=cfg.batch_size // cfg.dp_size)
-              if cfg.parallelism == "ddp" else cfg)
+              if ddp_like else cfg)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _fake_world(as_run.world_size), fake_mode:
+    with _fake_world(cfg.world_size if ddp_like else as_run.world_size), fake_mode:
         model, work = step_setup.prepare(as_run, device, build=_fake_builder(fake_mode))
-        optimizer = parallel.make_optimizer(model, parallelism=as_run.parallelism, lr=cfg.lr)
+        optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism if ddp_like else as_run.parallelism,
+                                            lr=cfg.lr)
         say(f"built {cfg.model} on fake tensors ({time.perf_counter() - t0:.1f} s)")
         _init_optimizer_state(model, optimizer)
         ctx = parallel.dist_context(as_run.parallelism)
@@ -375,7 +382,7 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
             step_setup.optimizer_step(optimizer)
         got = tracked.result()
     at_peak, phases = dict(got.at_peak), dict(got.phase_peak_bytes)
-    if cfg.parallelism == "ddp":
+    if ddp_like:
         # The reducer's buckets: one copy of every trainable parameter, in its dtype.
         buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         at_peak["communication_buffers"] += buckets
