@@ -244,3 +244,50 @@ def test_a_kernel_whose_sweep_is_killed_kills_what_it_started():
     finally:
         sweep.kill()
         _teardown.reap(marker)
+
+
+_STARTING_KERNEL = """
+from perfkit.run.execute import WarmKernel
+WarmKernel(preload=["import time; time.sleep(600)"])  # never returns: killed while the kernel starts
+"""
+
+
+def _kernels_of(marker: str) -> list[int]:
+    return [pid for pid in _teardown.holders(marker) if b"ipykernel" in _cmdline(pid) or b"_kernel" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("when", ["starting", "preloading"])
+def test_a_kernel_whose_sweep_is_killed_while_it_starts_ends_too(when):
+    # A sweep starts its next kernels ahead (warm, preloading the notebook's imports); killed
+    # then, before perfkit had anything run in the kernel, the kernel must still end: no
+    # orphan keeps its memory and cores (before, it lived on under init, waiting for a client).
+    marker, env = _marker_env()
+    sweep = subprocess.Popen([sys.executable, "-c", _STARTING_KERNEL], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if when == "starting":  # the kernel's process exists, its Python is still importing
+            _wait("the kernel's process", lambda: _kernels_of(marker), 60, poll_s=0.01)
+        else:  # the kernel answers, and runs its set-up
+            _wait("the kernel's set-up", lambda: any(b"sleep" in _cmdline(p) or _threads(p) > 2
+                                                     for p in _kernels_of(marker)), 60, poll_s=0.05)
+            time.sleep(1.0)
+        sweep.kill()
+        sweep.wait(timeout=10)
+        _assert_all_gone(marker)
+    finally:
+        sweep.kill()
+        _teardown.reap(marker)
+
+
+def _threads(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0

@@ -13,7 +13,8 @@ and classify how it ended:
 Every process a configuration starts ends with it: each kernel gets a teardown token in its
 environment (:mod:`perfkit.run._teardown`) that its descendants inherit, torchrun's ranks in their
 own sessions included, and killing or shutting down the kernel kills every holder and waits
-until none is left. A kernel whose sweep dies (SIGKILL) does the same from a watch thread.
+until none is left. A kernel whose sweep dies (SIGKILL) does the same from a watch thread that its
+launcher starts before ipykernel (:mod:`perfkit.run._kernel_launcher`).
 
 The executed notebook is always written, papermill's error banner included; a killed kernel
 gets a banner of ours. Whatever happens, the configuration's results file ends with at least one
@@ -35,30 +36,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _teardown
+from . import _kernel_launcher, _teardown
 from ..core import status as st
 from ..core.results import CONTEXT_ENV, RunContext, load, record_ending
 
 __all__ = ["Outcome", "WarmKernel", "execute_config", "banner", "trust_executed", "has_status_row"]
 
-# Runs in every kernel we start: when the process that started it dies (a sweep killed with
-# SIGKILL), the kernel kills every holder of its teardown token (torchrun and its ranks, which
-# lead sessions of their own) and its own process group, instead of living on as an orphan that
-# holds devices and could still write rows after a resumed sweep re-ran its configuration.
-# _teardown is loaded by path: importing the perfkit package would import pandas first.
-_PARENT_WATCH = """
-import importlib.util, os, threading, time, signal
-_spec = importlib.util.spec_from_file_location("_perfkit_teardown", {path!r})
-_td = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_td)
-def _watch(parent=os.getppid()):
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    _td.reap({token!r})
-    import shutil; shutil.rmtree({ipc_dir!r}, ignore_errors=True)  # its sockets' folder
-    os.killpg(0, signal.SIGKILL)
-threading.Thread(target=_watch, daemon=True, name="perfkit-parent-watch").start()
-"""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -102,12 +85,13 @@ class WarmKernel:
             # log_level ERROR: ipykernel 7 warns on every start that loopback TCP is unencrypted.
             # History in memory, as nbclient starts its kernels: a configuration's cells are not
             # the user's IPython history, and parallel kernels do not contend for its sqlite file.
+            # perfkit's launcher starts a watch on this process before ipykernel (_kernel_launcher).
             # parent_handle=1: ipykernel's own parent poller off (it never polls for init, pid 1;
             # 0 would turn it off too but print a Ctrl-C note into our stdout). That poller exits
-            # the kernel at once when the parent dies (os._exit), racing perfkit's watch
-            # (_PARENT_WATCH), which must first kill what the kernel started in other sessions
-            # (torchrun, ranks): half the time here, the kernel's children outlived it.
-            argv=[self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            # the kernel at once when the parent dies (os._exit), racing perfkit's watch, which
+            # must first kill what the kernel started in other sessions (torchrun, ranks): half
+            # the time here, the kernel's children outlived it.
+            argv=[self.python, _kernel_launcher.__file__, "-f", "{connection_file}",
                   "--IPKernelApp.log_level=ERROR", "--HistoryManager.hist_file=:memory:",
                   "--IPKernelApp.parent_handle=1"],
             display_name=f"perfkit ({self.python})", language="python", name="python3",
@@ -130,8 +114,10 @@ class WarmKernel:
         self.token = _teardown.new_token()
         kernel_env[self.token] = "1"
         self.environ = kernel_env  # what the kernel runs with, as its rows' fingerprints say
+        watched = {**kernel_env, _kernel_launcher.PARENT_ENV: str(os.getpid()),
+                   _kernel_launcher.TOKEN_ENV: self.token, _kernel_launcher.IPC_DIR_ENV: self._ipc_dir}
         try:
-            self._run_sync(self.km.start_kernel)(env=kernel_env, cwd=str(cwd) if cwd else None)
+            self._run_sync(self.km.start_kernel)(env=watched, cwd=str(cwd) if cwd else None)
         except BaseException:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
             raise
@@ -150,11 +136,9 @@ class WarmKernel:
         # ``preload``: the notebook's own import statements, run before the kernel is handed a
         # configuration so that small configurations do not pay import time on the critical path.
         # A failing import is left for the notebook itself to report.
-        watch = _PARENT_WATCH.format(path=_teardown.__file__, token=self.token, ipc_dir=self._ipc_dir)
-        code = [f"exec({watch!r}, {{}})"]
-        code += [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
+        code = [f"try:\n    {stmt}\nexcept Exception:\n    pass" for stmt in preload]
         try:
-            self.run_code("\n".join(code))
+            self.run_code("\n".join(code) or "pass")
         finally:
             self.close_client()  # the thread that runs the configuration makes its own
 

@@ -82,7 +82,7 @@ class SlurmSubmitError(BadInputError):
 def _leave_ending_to_driver(signum, frame):
     # Slurm ends the step (time limit, scancel, preemption): SIGTERM now, SIGKILL KillWait later.
     # Only the driver learns *why* (sacct), so the task exits without recording an ending; its
-    # kernel kills its own process group when it sees this process gone (execute._PARENT_WATCH).
+    # kernel kills its own process group when it sees this process gone (perfkit.run._kernel_launcher).
     os._exit(128 + signum)
 
 
