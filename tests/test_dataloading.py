@@ -196,7 +196,7 @@ def test_spawned_workers_read_lmdb_and_train_a_workload(tmp_path):
     ({"num_workers": [-1]}, "num_workers must be an integer >= 0"),
     ({"num_workers": [0, 2], "prefetch_factor": 4}, "prefetch_factor needs num_workers > 0"),
     ({"persistent_workers": True, "num_workers": 0}, "persistent_workers needs num_workers > 0"),
-    ({"format": "recordio"}, "format must be one of 'parquet', 'lmdb', 'files', 'mmap', 'tfrecord'"),
+    ({"format": "recordio"}, "unknown format 'recordio'; use one of parquet, lmdb, files, mmap, tfrecord, webdataset"),
     ({"model": "transformer"}, "model must be one of 'mlp', 'convnet'"),
     ({"warmup_steps": 12, "steps": 12}, "warmup_steps"),
     ({"nonsense": 1}, "unknown data-loading parameters"),
@@ -260,6 +260,17 @@ def test_recommend_takes_the_fewest_workers_within_95_percent_then_no_pinning():
     assert analysis.recommend(rows, fraction=0.5).set_index("format").loc["files", "recommended_num_workers"] == 0
     assert analysis.recommend(rows, fraction=0.9).set_index("format").loc["files", "recommended_num_workers"] == 2
     assert analysis.recommend(rows, fraction=0.7).set_index("format").loc["files", "recommended_num_workers"] == 1
+
+
+def test_recommend_prefers_a_setting_whose_step_does_not_wait():
+    # One worker reaches 97 % of two workers' throughput but leaves the step waiting (no slack):
+    # two, which do not, are recommended; with no compute-bound row, the cheapest within 95 %.
+    rows = pd.DataFrame([_row(0, False, 230.0, bound="input-bound"), _row(1, False, 439.0, bound="input-bound"),
+                         _row(2, False, 450.0, bound="compute-bound")])
+    rec = analysis.recommend(rows).iloc[0]
+    assert (rec["recommended_num_workers"], rec["recommended_bound"]) == (2, "compute-bound")
+    waiting = rows.assign(bound="input-bound")
+    assert analysis.recommend(waiting).iloc[0]["recommended_num_workers"] == 1
 
 
 def test_recommend_never_compares_rows_of_two_storage_conditions():
@@ -368,3 +379,31 @@ def test_advise_finds_zero_workers_input_bound_and_names_the_measured_worker_cou
     evidence_is_in_rows(f, folder)
     w2 = [x for x in findings if x["config_ids"] == ["dataloader-w2"] and x["rule"] == "input_bound"]
     assert not w2 or w2[0]["cost_share"] < f["cost_share"] / 2
+
+
+def test_the_sharing_strategy_is_set_in_the_workers_that_hand_batches_over(tmp_path, monkeypatch):
+    from perfkit.measuring.data import datasets as ds
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    decode = ds.decode
+
+    def noting_decode(*args, **kwargs):  # runs in the (forked) workers
+        import torch.multiprocessing as mp
+
+        (seen / f"{os.getpid()}-{mp.get_sharing_strategy()}").touch()
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(ds, "decode", noting_decode)
+    cfg = dict(format="mmap", n_samples=32, batch_size=4, steps=4, warmup_steps=1, loader_batches=0,
+               step_compute_s=0.001, device="cpu", cache_dir=str(tmp_path / "cache"), num_workers=2)
+    row = run_loader_benchmark(LoaderConfig(**cfg, sharing_strategy="file_system"))
+    assert row["status"] == "ok" and row["sharing_strategy_effective"] == "file_system", row["error"]
+    strategies = {p.name.split("-", 1)[1] for p in seen.iterdir() if int(p.name.split("-")[0]) != os.getpid()}
+    assert strategies == {"file_system"}
+    import torch.multiprocessing as mp
+    assert mp.get_sharing_strategy() == "file_descriptor"  # this process's own setting is left alone
+    with pytest.raises(BadInputError, match="sharing_strategy needs num_workers > 0"):
+        LoaderConfig(sharing_strategy="file_system")
+    with pytest.raises(BadInputError, match="sharing_strategy must be one of"):
+        LoaderConfig(sharing_strategy="carrier_pigeon", num_workers=2)

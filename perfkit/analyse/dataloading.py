@@ -107,7 +107,9 @@ def _key(value):
 def recommend(df: pd.DataFrame, *, fraction: float = RECOMMEND_FRACTION,
               metric: str = "step_samples_per_s", by: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per group of ``ok`` rows (equal in ``by``, default the :data:`GROUP_KEYS` present):
-    the cheapest worker setting reaching ``fraction`` of the group's best ``metric``.
+    the cheapest worker setting reaching ``fraction`` of the group's best ``metric`` — among those,
+    one whose step does not wait (``bound`` not ``input-bound``) when there is one: a setting with
+    no slack left stalls the device at the first slow sample, however close its throughput.
 
     Columns: the group keys, ``recommended_<key>`` for each of :data:`WORKER_KEYS` present, the
     recommended row's ``metric`` and ``bound``, the best ``metric`` with its ``best_num_workers``
@@ -127,6 +129,8 @@ def recommend(df: pd.DataFrame, *, fraction: float = RECOMMEND_FRACTION,
         best = group.loc[group[metric].idxmax()]
         good = group[group[metric] >= fraction * best[metric]].copy()
         good["_pin"] = good["pin_memory"].fillna(False).astype(bool) if "pin_memory" in good else False
+        if "bound" in good and (good["bound"] == "compute-bound").any():
+            good = good[good["bound"] == "compute-bound"]
         order = [c for c in ("num_workers", "_pin") if c in good] + [metric]
         chosen = good.sort_values(order, ascending=[True] * (len(order) - 1) + [False], kind="stable").iloc[0]
         out.append({**{k: chosen[k] for k in keys},

@@ -1,9 +1,8 @@
 """Synthetic datasets for the data-loading benchmark: made locally once, read as torch Datasets.
 
-A dataset is ``n_samples`` samples of ``sample_bytes`` seeded random bytes (incompressible, as
-JPEG-coded images are) stored in one of four formats, the ones the format studies compare
-(Ofeidis et al., "An Overview of the Data-Loader Landscape", 2022; SURF, "Best practice for data
-formats in deep learning"):
+A dataset is ``n_samples`` samples of ``sample_bytes`` seeded random bytes (incompressible, as JPEG-coded
+images are) in one of the formats the studies compare (Ofeidis et al., "An Overview of the Data-Loader
+Landscape", 2022; SURF, "Best practice for data formats in deep learning") or teams train from:
 
 - ``files``: one ``.npy`` file per sample (``samples/00000042.npy``), the ImageFolder layout;
 - ``mmap``: one ``(n_samples, sample_bytes)`` uint8 ``.npy`` read through ``np.load(mmap_mode="r")``;
@@ -12,16 +11,16 @@ formats in deep learning"):
   random access), so small row groups read faster at random and large ones scan faster;
 - ``lmdb``: one LMDB environment, key ``b"%08d" % index``, read-only, no readahead;
 - ``tfrecord``: records of ``tf.train.Example`` with an index of offsets, every CRC checked
-  (:mod:`perfkit.measuring.data.tfrecord`; no TensorFlow, the ``tfrecord`` extra's crc32c).
+  (:mod:`perfkit.measuring.data.tfrecord`; no TensorFlow, the ``tfrecord`` extra's crc32c);
+- ``webdataset``: tar shards of ``shard_bytes`` read in order, split over ranks and workers, each
+  sample once per epoch, checked (:mod:`perfkit.measuring.data.shards`, the ``webdataset`` extra).
 
 **Cache.** A dataset lives in ``<cache>/<format>-<n>x<bytes>-<hash>``, the hash over every
 :class:`DatasetSpec` field and the layout version: equal parameters reuse one generation across
-configurations and processes. Default cache: ``$PERFKIT_OUT/datasets``, else
-``~/.cache/perfkit/datasets``. Generation writes a hidden ``.tmp-...`` sibling, fsyncs every file,
-writes ``dataset.json`` last and renames the folder into place (atomic on POSIX): a killed
-generation leaves only a temp folder, never a dataset that is reused, and the next generation
-removes temp folders whose process is gone. What the page cache holds of a dataset, and asking
-the kernel to drop it: :mod:`perfkit.measuring.data.page_cache`.
+configurations and processes. Default cache: ``$PERFKIT_OUT/datasets``, else ``~/.cache/perfkit/datasets``.
+Generation writes a hidden ``.tmp-...`` sibling, fsyncs every file, writes ``dataset.json`` last and renames the
+folder into place (atomic on POSIX): a killed generation leaves only a temp folder, never a dataset that is
+reused; the next generation removes temp folders whose process is gone. The page cache: :mod:`.page_cache`.
 
 **Reading.** :class:`SampleDataset` and its per-format subclasses are ``torch.utils.data.Dataset``s
 returning one decoded float32 tensor per index. Each process opens its own handle (file, mmap,
@@ -59,13 +58,16 @@ from perfkit.core.durable import fsync_dir
 from perfkit.core.errors import BadInputError
 
 __all__ = ["FORMATS", "DECODE_CLOCKS", "DatasetSpec", "default_cache_dir", "ensure", "decode",
-           "dataset_bytes", "reader", "sample_raw", "SampleDataset",
+           "dataset_bytes", "reader", "SHARDED", "sample_raw", "SampleDataset",
            "FilesDataset", "MmapDataset", "ParquetDataset", "LmdbDataset", "MemoryDataset"]
 
-FORMATS = ("parquet", "lmdb", "files", "mmap", "tfrecord")
+FORMATS = ("parquet", "lmdb", "files", "mmap", "tfrecord", "webdataset")
+SHARDED = ("webdataset",)  # read in order as an IterableDataset, split over ranks and workers by shard
 #: Formats with a module of their own (it builds on this one), imported by name on first use:
 #: its ``write(spec, root)``, ``Reader`` and ``check_available()`` (an extra it needs).
-_FORMAT_MODULES = {"tfrecord": "perfkit.measuring.data.tfrecord"}
+_FORMAT_MODULES = {"tfrecord": "perfkit.measuring.data.tfrecord", "webdataset": "perfkit.measuring.data.shards"}
+_LEFT_OUT = {"mds": "mosaicml-streaming 0.13 requires torchvision (a CUDA build that cannot import against the "
+                    "CPU torch), numpy<2.2 and transformers<5; use webdataset (tar shards) or tfrecord"}
 #: ``thread``: the decode burns this thread's CPU time (``time.thread_time``); ``wall``: it burns
 #: CPU until this much wall time passed (``time.perf_counter``).
 DECODE_CLOCKS = ("thread", "wall")
@@ -82,20 +84,25 @@ class DatasetSpec:
     """What a dataset holds and how it is stored; equal specs share one cached generation."""
 
     format: str
-    """Storage format: ``parquet``, ``lmdb``, ``files``, ``mmap`` or ``tfrecord``."""
+    """Storage format: one of :data:`FORMATS`."""
     n_samples: int = 256
     """Samples in the dataset."""
     sample_bytes: int = 3072
     """Raw bytes per sample (3072: a 32×32 RGB uint8 image)."""
     rows_per_group: int = 64
     """Parquet row-group size in rows (part of every format's key, so one spec is one dataset)."""
+    shard_bytes: int = 65536
+    """Sample bytes per shard of a sharded format (production shards hold 100s of MB; the small
+    default gives the small default dataset a dozen shards to split over ranks and workers)."""
     seed: int = 0
     """Seeds the sample bytes: sample ``i`` is the same in every format."""
 
     def __post_init__(self):
+        if self.format in _LEFT_OUT:
+            raise BadInputError(f"format {self.format!r} is not supported: {_LEFT_OUT[self.format]}")
         if self.format not in FORMATS:
             raise BadInputError(f"unknown format {self.format!r}; use one of {', '.join(FORMATS)}")
-        for name in ("n_samples", "sample_bytes", "rows_per_group"):
+        for name in ("n_samples", "sample_bytes", "rows_per_group", "shard_bytes"):
             checks.integer_at_least(name, getattr(self, name), 1)
         if self.format in _FORMAT_MODULES:
             _format_module(self.format).check_available()
@@ -285,9 +292,8 @@ def decode(raw: np.ndarray, cost_s: float = 0.0, clock: str = "thread",
     - ``wall``: wall time (``time.perf_counter``), burning the CPU all the while: a fixed duration
       whatever the neighbours, for checks that must not depend on the machine's load.
 
-    A busy loop on a clock rather than a fixed number of rounds calibrated beforehand: the cost is
-    met on this machine at any load without a calibration that load would skew. The rounds work on
-    a scratch copy, so the values returned do not depend on how many rounds ran.
+    A busy loop on a clock, not rounds calibrated beforehand (a calibration the load would skew). The
+    rounds work on a scratch copy: the values returned do not depend on how many rounds ran.
     """
     tick = time.thread_time if clock == "thread" else time.perf_counter
     t0 = tick()

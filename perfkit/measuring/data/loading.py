@@ -44,6 +44,7 @@ Workers start with the platform's default start method (``fork`` on Linux) unles
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -61,6 +62,7 @@ from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
 from perfkit.measuring.data import datasets
 from perfkit.measuring.data import page_cache
+from perfkit.measuring.data.phases import PhaseTimes, Workers, ceiling_phase, run_phase
 from perfkit.measuring.workloads import synthetic as workloads
 from perfkit.measuring.training.step import synchronize
 
@@ -72,18 +74,28 @@ _START_METHODS = ("fork", "spawn", "forkserver")
 _LOADER_MODELS = ("mlp", "convnet")  # float inputs; the transformer's are token ids
 
 
+def _set_sharing_strategy(strategy: str, worker_id: int) -> None:
+    torch.multiprocessing.set_sharing_strategy(strategy)
+
+
 @dataclass(kw_only=True, frozen=True)
 class LoaderConfig:
     """One data-loading configuration; every field is a column of its row."""
 
     format: str = "files"
-    """Storage format: ``parquet``, ``lmdb``, ``files`` (one ``.npy`` per sample) or ``mmap``."""
+    """Storage format: ``parquet``, ``lmdb``, ``files`` (one ``.npy`` per sample), ``mmap``,
+    ``tfrecord`` or ``webdataset`` (tar shards, :mod:`perfkit.measuring.data.shards`)."""
     n_samples: int = 256
     """Samples in the dataset; an epoch is ``n_samples // batch_size`` batches."""
     sample_bytes: int = 3072
     """Stored bytes per sample."""
     rows_per_group: int = 64
     """Parquet row-group size in rows."""
+    shard_bytes: int = datasets.DatasetSpec.shard_bytes
+    """Sample bytes per shard of a sharded format (``webdataset``)."""
+    shuffle_buffer: int = 0
+    """Sharded formats with ``shuffle``: samples each worker holds to yield from at random (0: the
+    shard order is shuffled, the samples within a shard are not)."""
     decode_cost_s: float = 0.0
     """Per-sample decode: image-like CPU work lasting this long (:func:`datasets.decode`)."""
     decode_clock: str = "thread"
@@ -102,6 +114,10 @@ class LoaderConfig:
     """Keep workers alive across epochs (they are shut down when the configuration ends)."""
     multiprocessing_context: str | None = None
     """Workers' start method (``fork``, ``spawn``, ``forkserver``); None: the platform default."""
+    sharing_strategy: str | None = None
+    """How workers hand batches over (``torch.multiprocessing``): ``file_descriptor`` (torch's Linux
+    default: each batch's shared memory passed as a file descriptor, a round trip to the worker's
+    resource sharer) or ``file_system`` (shared memory by name: no round trip); None: torch's default."""
     shuffle: bool = True
     """Random order (random reads), a new permutation per epoch, seeded."""
     model: str | None = None
@@ -134,9 +150,18 @@ class LoaderConfig:
     """Longest wait for one batch from a worker before the run fails (DataLoader ``timeout``)."""
 
     def __post_init__(self):
-        checks.one_of("format", self.format, datasets.FORMATS)
-        for name in ("n_samples", "sample_bytes", "rows_per_group", "batch_size", "steps"):
+        self.dataset_spec()  # the format (its extra installed) and the dataset's sizes, before any data is made
+        for name in ("n_samples", "sample_bytes", "rows_per_group", "batch_size", "steps", "shard_bytes"):
             checks.integer_at_least(name, getattr(self, name), 1)
+        checks.integer_at_least("shuffle_buffer", self.shuffle_buffer, 0)
+        sharded = {"shard_bytes": self.shard_bytes != datasets.DatasetSpec.shard_bytes,
+                   "shuffle_buffer": self.shuffle_buffer > 0}
+        for name, used in sharded.items():
+            if used and self.format not in datasets.SHARDED:
+                raise BadInputError(f"{name} applies to the sharded formats ({', '.join(datasets.SHARDED)}), "
+                                    f"not {self.format!r}; leave it at its default")
+        if self.shuffle_buffer and not self.shuffle:
+            raise BadInputError("shuffle_buffer needs shuffle=True (it is how the samples are shuffled)")
         checks.integer_at_least("num_workers", self.num_workers, 0)
         checks.integer_at_least("warmup_steps", self.warmup_steps, 0)
         checks.integer_at_least("seed", self.seed, 0)
@@ -157,13 +182,17 @@ class LoaderConfig:
             checks.integer_at_least("prefetch_factor", self.prefetch_factor, 1)
         workers_only = {"prefetch_factor": self.prefetch_factor is not None,
                         "persistent_workers": self.persistent_workers,
-                        "multiprocessing_context": self.multiprocessing_context is not None}
+                        "multiprocessing_context": self.multiprocessing_context is not None,
+                        "sharing_strategy": self.sharing_strategy is not None}
         for name, used in workers_only.items():
             if used and self.num_workers == 0:
                 raise BadInputError(f"{name} needs num_workers > 0 (with 0 workers torch loads in the "
                                     f"main process); set num_workers or leave {name} at its default")
         if self.multiprocessing_context is not None:
             checks.one_of("multiprocessing_context", self.multiprocessing_context, _START_METHODS)
+        if self.sharing_strategy is not None:
+            checks.one_of("sharing_strategy", self.sharing_strategy,
+                          tuple(sorted(torch.multiprocessing.get_all_sharing_strategies())))
         if self.model is not None:
             checks.one_of("model", self.model, _LOADER_MODELS)
             if self.step_compute_s:
@@ -179,7 +208,7 @@ class LoaderConfig:
     def dataset_spec(self) -> datasets.DatasetSpec:
         return datasets.DatasetSpec(format=self.format, n_samples=self.n_samples,
                                     sample_bytes=self.sample_bytes, rows_per_group=self.rows_per_group,
-                                    seed=self.seed)
+                                    shard_bytes=self.shard_bytes, seed=self.seed)
 
     def as_row(self) -> dict:
         """Fields as results columns (``model_size`` as JSON text)."""
@@ -235,99 +264,35 @@ def _loader(cfg: LoaderConfig, dataset, pin: bool) -> torch.utils.data.DataLoade
     if cfg.num_workers:
         kwargs = {"prefetch_factor": cfg.prefetch_factor, "persistent_workers": cfg.persistent_workers,
                   "multiprocessing_context": cfg.multiprocessing_context, "timeout": cfg.worker_timeout_s}
+        if cfg.sharing_strategy:  # set in each worker, the side that shares (a spawned one starts at the default)
+            kwargs["worker_init_fn"] = functools.partial(_set_sharing_strategy, cfg.sharing_strategy)
+    if isinstance(dataset, torch.utils.data.IterableDataset):  # sharded: it shuffles and splits itself,
+        return torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+                                           pin_memory=pin, drop_last=False, **kwargs)  # and drops nothing
     generator = torch.Generator().manual_seed(cfg.seed)
     return torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle,
                                        generator=generator, num_workers=cfg.num_workers,
                                        pin_memory=pin, drop_last=True, **kwargs)
 
 
-@dataclass
-class _Workers:
-    """What the phases' worker processes were: their start methods, and how many outlived a phase."""
-
-    methods: set = field(default_factory=set)
-    left_alive: int = 0
-
-
-def _shutdown(loader, iterators: list, workers: _Workers) -> None:
-    """Shut down and join every worker the phase started; count any still alive after that."""
-    unique = {id(it): it for it in [*iterators, getattr(loader, "_iterator", None)] if it is not None}
-    processes = []
-    for it in unique.values():
-        processes += list(getattr(it, "_workers", []))
-        stop = getattr(it, "_shutdown_workers", None)  # what the iterator's __del__ calls
-        if stop is not None:
-            stop()
-    loader._iterator = None  # persistent workers: the loader holds its iterator
-    for process in processes:
-        # multiprocessing's Popen classes name their start method ("fork", "spawn", "forkserver").
-        workers.methods.add(getattr(getattr(process, "_popen", None), "method", None))
-        process.join(timeout=5)
-    alive = [p for p in processes if p.is_alive()]
-    for process in alive:  # torch's shutdown terminates stragglers already; belt and braces
-        process.terminate()
-        process.join(timeout=5)
-    workers.left_alive += len(alive)
-
-
-def _phase(loader, n: int, step: Callable[[torch.Tensor], None] | None,
-           workers: _Workers) -> tuple[list, list]:
-    """``n`` batches through ``step`` across as many epochs as it takes: per batch the seconds
-    blocked in ``next()`` (a new epoch's ``iter()`` included) and the whole step's."""
-    waits, totals, iterators, it = [], [], [], None
-    if loader.num_workers:  # a handle open here must not cross a fork (LMDB forbids it)
-        loader.dataset.close()
-    try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            batch = None
-            while batch is None:
-                if it is None:
-                    it = iter(loader)
-                    iterators.append(it)
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    it = None
-            t1 = time.perf_counter()
-            if step is not None:
-                step(batch)
-            waits.append(t1 - t0)
-            totals.append(time.perf_counter() - t0)
-            del batch
-    finally:
-        _shutdown(loader, iterators, workers)
-    return waits, totals
-
-
-def _ceiling_phase(batch: torch.Tensor, n: int, step) -> list[float]:
-    """``n`` steps on one batch already on the device: compute only (DS-Analyzer's ceiling)."""
-    totals = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step(batch)
-        totals.append(time.perf_counter() - t0)
-    return totals
-
-
 def _median(values) -> float:
     return statistics.median(values) if values else math.nan
 
 
-def _loader_columns(cfg: LoaderConfig, waits: list[float]) -> dict:
-    if not waits:
+def _loader_columns(cfg: LoaderConfig, phase: PhaseTimes | None) -> dict:
+    if phase is None:
         return {"time_to_first_batch_s": math.nan, "samples_per_s": math.nan, "bytes_per_s": math.nan,
                 "loader_batch_time_samples_s": []}
-    after_first = waits[1:]
-    rate = cfg.batch_size * len(after_first) / sum(after_first)
+    waits, after_first = phase.waits, phase.waits[1:]
+    rate = sum(phase.sizes[1:]) / sum(after_first)  # a sharded epoch's last batches may be short
     timing = Measurement(samples_s=tuple(after_first), label="loader batch").as_row("loader_batch_time")
     timing["loader_noisy"] = timing.pop("noisy")
     return {"time_to_first_batch_s": waits[0], "samples_per_s": rate,
             "bytes_per_s": rate * cfg.sample_bytes, **timing}
 
 
-def _step_columns(cfg: LoaderConfig, waits: list[float], totals: list[float]) -> dict:
-    waits, totals = waits[cfg.warmup_steps:], totals[cfg.warmup_steps:]
+def _step_columns(cfg: LoaderConfig, phase: PhaseTimes) -> dict:
+    waits, totals = phase.waits[cfg.warmup_steps:], phase.totals[cfg.warmup_steps:]
     shares = analysis.wait_shares(waits, totals)
     share = _median(shares)
     timing = Measurement(samples_s=tuple(totals), warmup_calls=cfg.warmup_steps,
@@ -363,30 +328,37 @@ def _benchmark(cfg: LoaderConfig, device: torch.device) -> dict:
     t0 = time.perf_counter()
     path, made = datasets.ensure(spec, cfg.cache_dir)
     generation_s = time.perf_counter() - t0
+    sharded = {}
+    if cfg.format in datasets.SHARDED:
+        rank, world = _rank_and_world()
+        sharded = {"shuffle": cfg.shuffle, "shuffle_buffer": cfg.shuffle_buffer, "rank": rank, "world_size": world}
     dataset = datasets.reader(path, spec, decode_cost_s=cfg.decode_cost_s, decode_clock=cfg.decode_clock,
-                              fetch_delay_s=cfg.fetch_delay_s, out_shape=out_shape)
-    workers = _Workers()
-    loader_waits: list[float] = []
+                              fetch_delay_s=cfg.fetch_delay_s, out_shape=out_shape, **sharded)
+    workers = Workers()
+    loader_phase = None
     if cfg.loader_batches:
-        loader_waits, _ = _phase(_loader(cfg, dataset, pin), cfg.loader_batches, None, workers)
+        loader_phase = run_phase(_loader(cfg, dataset, pin), cfg.loader_batches, None, workers)
     dataset.close()  # the main process's mapping, if the loader-only phase read in it
     cache = _page_cache_columns(cfg, path)  # measured last before the step phase's first read
-    waits, totals = _phase(_loader(cfg, dataset, pin), cfg.steps, step, workers)
+    steps = run_phase(_loader(cfg, dataset, pin), cfg.steps, step, workers)
     row = {**cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None,
            "resolved_device": str(device), "pin_memory_applied": pin, "pin_memory_note": note,
            "non_blocking": pin,
            "prefetch_factor_effective": (cfg.prefetch_factor or 2) if cfg.num_workers else None,
+           "sharing_strategy_effective": (cfg.sharing_strategy or torch.multiprocessing.get_sharing_strategy())
+           if cfg.num_workers else None,
            "dataset_path": str(path), "dataset_generated": made, "dataset_generation_s": generation_s,
            "dataset_bytes": datasets.dataset_bytes(path), **cache,
-           **_loader_columns(cfg, loader_waits), **_step_columns(cfg, waits, totals)}
+           **_loader_columns(cfg, loader_phase), **_step_columns(cfg, steps), **_shard_columns(cfg, dataset,
+                                                                                              loader_phase, steps)}
     stall = {"ceiling_step_time_s": math.nan, "ceiling_step_time_samples_s": [],
              "cached_step_time_s": math.nan, "cached_step_time_samples_s": []}
     if cfg.stall_attribution:
         cached = datasets.MemoryDataset(dataset)
-        _, cached_totals = _phase(_loader(cfg, cached, pin), cfg.steps, step, workers)
+        cached_totals = run_phase(_loader(cfg, cached, pin), cfg.steps, step, workers).totals
         on_device = torch.stack([torch.from_numpy(datasets.decode(cached.raw[i], out_shape=out_shape))
                                  for i in range(cfg.batch_size)]).to(device)
-        ceiling = _ceiling_phase(on_device, cfg.steps, step)[cfg.warmup_steps:]
+        ceiling = ceiling_phase(on_device, cfg.steps, step)[cfg.warmup_steps:]
         cached_totals = cached_totals[cfg.warmup_steps:]
         stall = {"ceiling_step_time_s": _median(ceiling), "ceiling_step_time_samples_s": ceiling,
                  "cached_step_time_s": _median(cached_totals), "cached_step_time_samples_s": cached_totals}
@@ -397,6 +369,24 @@ def _benchmark(cfg: LoaderConfig, device: torch.device) -> dict:
     row["start_method"] = ", ".join(sorted(m for m in workers.methods if m)) or None
     row["workers_left_alive"] = workers.left_alive
     return row
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world's size when torch.distributed is up, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _shard_columns(cfg: LoaderConfig, dataset, *phases: PhaseTimes | None) -> dict:
+    """A sharded dataset's split and the epochs checked to hold each of this rank's samples once."""
+    if cfg.format not in datasets.SHARDED:
+        return {"shards": None, "shards_per_worker_min": None, "shard_rank": None, "shard_world_size": None,
+                "epochs_checked": None}
+    return {"shards": len(dataset.shards), "shards_per_worker_min": min(dataset.shards_per_worker(cfg.num_workers)),
+            "shard_rank": dataset.rank, "shard_world_size": dataset.world_size,
+            "epochs_checked": sum(p.epochs_checked for p in phases if p is not None)}
 
 
 def run_loader_benchmark(cfg: LoaderConfig) -> dict:
