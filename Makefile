@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml
 	else \
 	  echo "installing $(TORCH_SPEC)"; $(PIP_INSTALL) "$(TORCH_SPEC)" $(TORCH_INDEX); \
 	fi
-	$(PIP_INSTALL) -e '.[dev,slurm,hf,tfrecord,webdataset]'
+	$(PIP_INSTALL) -e '.[dev,slurm,hf,tfrecord,webdataset,ray]'
 	@# Exit status 1 when a file does not compile (a few packages ship templates in other syntax): pip ignores those too.
 	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	@# jsonschema's format-nongpl extra (asked for by nbformat and jupyter-events) brings rfc3987-syntax,

@@ -301,12 +301,14 @@ def _loader_rows(rng, *, step_s, batch_s, step_sigma=0.01, batch_sigma=0.01):
     """A data-loading row as ``measuring.data.loading`` writes it (its own column builders), from
     synthetic loader-only batch times and step times."""
     from perfkit.measuring.data import loading as dl
+    from perfkit.measuring.data.phases import PhaseTimes
 
     cfg = dl.LoaderConfig(steps=22, warmup_steps=2, loader_batches=21, device="cpu")
     batches = (batch_s * rng.lognormal(0.0, batch_sigma, 21)).tolist()
     totals = (step_s * rng.lognormal(0.0, step_sigma, 22)).tolist()
-    return [{**cfg.as_row(), "workload": dl.WORKLOAD, **dl._loader_columns(cfg, batches),
-             **dl._step_columns(cfg, [0.1 * t for t in totals], totals)}]
+    loader = PhaseTimes(waits=batches, totals=batches, sizes=[cfg.batch_size] * 21)
+    steps = PhaseTimes(waits=[0.1 * t for t in totals], totals=totals, sizes=[cfg.batch_size] * 22)
+    return [{**cfg.as_row(), "workload": dl.WORKLOAD, **dl._loader_columns(cfg, loader), **dl._step_columns(cfg, steps)}]
 
 
 def _loader_side(root: Path, seed: int, **times) -> Path:

@@ -149,10 +149,10 @@ def _line(f: Finding, verdict: str, speed: tuple[float, float, float], metric: s
 
 
 def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, workers: int = 1,
-           progress: bool = False, slurm: dict | None = None) -> list[Verification]:
+           progress: bool = False, slurm: dict | None = None, ray: dict | None = None) -> list[Verification]:
     """Run each chosen experiment into ``directory/advice/<n>/`` (resumable: a second call runs
     only what is missing) and judge it with ``perfkit compare --by variant --base current``.
-    ``slurm``: run it as a Slurm job array instead (the Slurm executor's settings)."""
+    ``slurm``/``ray``: run it as a Slurm job array or as Ray tasks instead (that executor's settings)."""
     from ..analyse.compare import compare_by
     from ..core.results import IGNORE_MARKER
     from ..run.sweep import expand, load_spec, run_sweep
@@ -169,7 +169,11 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, w
         spec_path = folder / "spec.yaml"
         _write_spec(spec_path, f, directory, rounds)
         spec = load_spec(spec_path)
-        if slurm is not None:
+        if ray is not None:
+            from ..run.sweep.ray_executor import run_ray_sweep
+
+            result = run_ray_sweep(spec, expand(spec), folder, progress=progress, **ray)
+        elif slurm is not None:
             from ..run.sweep.slurm import run_slurm_sweep
 
             result = run_slurm_sweep(spec, expand(spec), folder, progress=progress, **slurm)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...core.errors import BadInputError
 
-__all__ = ["add_sweep_commands", "TEMPLATES"]
+__all__ = ["add_sweep_commands", "add_executor_arguments", "slurm_options", "ray_options", "TEMPLATES"]
 
 TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
 
@@ -36,10 +36,14 @@ _SLURM_FLAGS = ("--partition", "--time-limit-min", "--cpus-per-task", "--gpus-pe
                 "--sbatch-option")
 
 
+_RAY_FLAGS = ("--ray-address", "--ray-cpus-per-config")
+
+
 def add_executor_arguments(p) -> None:
-    """``--executor`` and the Slurm settings, as ``perfkit sweep`` and ``perfkit advise --verify`` take them."""
-    p.add_argument("--executor", choices=("local", "slurm"), default="local",
-                   help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm])")
+    """``--executor`` and the Slurm and Ray settings, as ``perfkit sweep`` and ``perfkit advise --verify`` take them."""
+    p.add_argument("--executor", choices=("local", "slurm", "ray"), default="local",
+                   help="local: this node's devices; slurm: a job array through submitit (perfkit[slurm]); "
+                        "ray: one Ray task per configuration on a running Ray cluster (perfkit[ray])")
     g = p.add_argument_group("--executor slurm (override the spec's slurm: settings)")
     g.add_argument("--partition", help="Slurm partition of the job array")
     g.add_argument("--time-limit-min", type=int,
@@ -49,6 +53,23 @@ def add_executor_arguments(p) -> None:
     g.add_argument("--array-parallelism", type=int, help="tasks of the array running at once")
     g.add_argument("--sbatch-option", action="append", metavar="KEY=VALUE",
                    help="any other sbatch option, e.g. account=myproj (repeatable)")
+    g = p.add_argument_group("--executor ray (override the spec's ray: settings)")
+    g.add_argument("--ray-address", help="the cluster's head, HOST:PORT (its GCS port, 6379 by default; default: "
+                                         "RAY_ADDRESS), or 'local' for a Ray started in this process")
+    g.add_argument("--ray-cpus-per-config", type=float,
+                   help="CPUs each configuration's task asks for (its kernel's threads; default 1); GPUs: the "
+                        "spec's devices_per_config on a cluster that has GPUs")
+
+
+def ray_options(args) -> dict | None:
+    """The Ray executor's keyword arguments from the ``--ray-*`` flags; None for another executor
+    (where a Ray flag is bad input)."""
+    if args.executor != "ray":
+        given = [f for f in _RAY_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+        if given:
+            raise BadInputError(f"{', '.join(given)} only apply with --executor ray")
+        return None
+    return {"address": args.ray_address, "cpus_per_config": args.ray_cpus_per_config}
 
 
 def slurm_options(args) -> dict | None:
@@ -100,8 +121,12 @@ def _cmd_sweep(args) -> int:
         print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
               f"({', '.join(sorted(FINISHED))} are not re-run)")
         return 0
-    slurm = slurm_options(args)
-    if slurm is not None:
+    slurm, ray = slurm_options(args), ray_options(args)
+    if ray is not None:
+        from .ray_executor import run_ray_sweep
+
+        result = run_ray_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet, **ray)
+    elif slurm is not None:
         from .slurm import run_slurm_sweep
 
         result = run_slurm_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet,

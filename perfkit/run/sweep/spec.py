@@ -38,7 +38,7 @@ __all__ = ["SweepPart", "SweepSpec", "Config", "Variant", "load_spec", "expand"]
 
 _PART_KEYS = {"notebook", "parameters", "grid", "configs", "exclude", "timeout_s", "devices_per_config",
               "oom_axis", "name"}
-_TOP_KEYS = _PART_KEYS | {"parts", "slurm", "variants", "rounds"}
+_TOP_KEYS = _PART_KEYS | {"parts", "slurm", "ray", "variants", "rounds"}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -85,6 +85,8 @@ class SweepSpec:
     """The YAML file it came from, if any."""
     slurm: Mapping[str, object] = field(default_factory=dict)
     """Settings for ``--executor slurm`` (partition, time limit, ...)."""
+    ray: Mapping[str, object] = field(default_factory=dict)
+    """Settings for ``--executor ray`` (address, cpus_per_config)."""
     variants: tuple[Variant, ...] = ()
     """The sides of an A/B sweep; every configuration runs under each (none: a plain sweep)."""
     rounds: int = 1
@@ -185,10 +187,11 @@ def load_spec(path: str | Path) -> SweepSpec:
         parts = tuple(_part(p, base, data) for p in data["parts"])
     else:
         parts = (_part({k: v for k, v in data.items() if k in _PART_KEYS}, base, {}),)
-    slurm = data.get("slurm") or {}
-    if not isinstance(slurm, Mapping):
-        raise BadInputError(f"{path}: 'slurm' must be a mapping of Slurm settings")
-    return SweepSpec(parts=parts, source=path, slurm=dict(slurm), variants=parse_variants(data.get("variants"), base),
+    slurm, ray = data.get("slurm") or {}, data.get("ray") or {}
+    for key, value in (("slurm", slurm), ("ray", ray)):
+        if not isinstance(value, Mapping):
+            raise BadInputError(f"{path}: '{key}' must be a mapping of {key.title()} settings")
+    return SweepSpec(parts=parts, source=path, slurm=dict(slurm), ray=dict(ray), variants=parse_variants(data.get("variants"), base),
                      rounds=parse_rounds(data.get("rounds")))
 
 
