@@ -9,6 +9,7 @@ looking for the marker in ``/proc/*/environ``, independently of how perfkit tear
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,3 +292,22 @@ def _threads(pid: int) -> int:
         return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return 0
+
+
+def test_a_socket_folder_whose_owner_died_is_removed_by_the_next_kernel_and_a_live_ones_kept(tmp_path):
+    # A Slurm task killed whole (driver and kernel at once) leaves its kernel's sockets' folder:
+    # named after its owner (host, pid, start time), the next one on the host removes it.
+    import tempfile
+
+    dead = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(_teardown.__file__).parent)!r}); "
+                             "import _teardown, tempfile; print(tempfile.mkdtemp(prefix=_teardown.owned_name('perfkit-kernel')))"],
+                            stdout=subprocess.PIPE, text=True)
+    orphan = Path(dead.communicate(timeout=60)[0].strip())
+    assert orphan.is_dir() and orphan.parent == Path(tempfile.gettempdir())
+    mine = Path(tempfile.mkdtemp(prefix=_teardown.owned_name("perfkit-kernel")))
+    try:
+        _teardown.remove_orphaned_dirs(tempfile.gettempdir(), "perfkit-kernel")
+        assert not orphan.exists() and mine.is_dir()
+    finally:
+        shutil.rmtree(orphan, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)

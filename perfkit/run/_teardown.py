@@ -18,8 +18,11 @@ launcher) polls it, and recognises a recycled pid by the start time in ``/proc/P
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -113,3 +116,25 @@ def watch(pid: int, started: int | None, on_death: Callable[[], None], interval_
     thread = threading.Thread(target=_run, daemon=True, name=f"perfkit-watch-{pid}")
     thread.start()
     return thread
+
+
+def owned_name(prefix: str) -> str:
+    """``<prefix>-<host>-<pid>-<start time>-``: a temporary name that says which process owns it
+    (:func:`remove_orphaned_dirs` removes it once that process is gone)."""
+    return f"{prefix}-{_short_host()}-{os.getpid()}-{start_time(os.getpid())}-"
+
+
+def remove_orphaned_dirs(folder: str, prefix: str) -> None:
+    """Remove ``folder``'s directories named by :func:`owned_name` whose owner on this host is
+    gone (killed before it could remove them itself)."""
+    head = f"{prefix}-{_short_host()}-"
+    for path in glob.glob(os.path.join(glob.escape(folder), glob.escape(head) + "*")):
+        parts = os.path.basename(path)[len(head):].split("-")
+        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit() \
+                and not alive(int(parts[0]), int(parts[1])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _short_host() -> str:
+    # Short: a Unix socket's path under such a folder must stay within 107 bytes.
+    return socket.gethostname().split(".")[0][:24]
