@@ -262,11 +262,12 @@ def test_find_max_batch_size_doubles_then_bisects_to_the_oom_edge():
     assert all((status == "ok") == (batch <= best) for batch, status in found["probes"])
     # Bisection probed between the last doubling that fit and the first that did not.
     assert any(batch & (batch - 1) for batch, _ in found["probes"])  # not a power of two
-    # Issue 30: the fake-tensor step's edge counts tensors only; the address space holds more
-    # (glibc's heap, BLAS workspaces), so the measured edge lies at or below it (measured here:
-    # 20480 found, 28672 predicted from tensors, 57344 by the analytic model).
+    # Issue 30: predicted from the fake-tensor step, then found, within one step of the axis. The
+    # fake step counts tensors only; the address space holds a little more (glibc's heap, BLAS
+    # workspaces): measured here 24576 found, 28672 predicted (20480 before the cap counted the
+    # thread pool's stacks and arenas as start-up), 57344 by the analytic model.
     fake = found["max_batch_size_predicted_fake"]
-    assert fake is not None and fake % 2**12 == 0 and best <= fake + 2**12, found
+    assert fake is not None and fake % 2**12 == 0 and abs(best - fake) <= 2**12, found
 
 
 @pytest.mark.parametrize(
