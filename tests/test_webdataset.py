@@ -147,3 +147,16 @@ def test_mds_is_refused_with_the_reason():
     with pytest.raises(BadInputError, match=r"format 'mds' is not supported: mosaicml-streaming 0.13 requires "
                                             r"torchvision .* use webdataset"):
         loading.LoaderConfig(format="mds")
+
+
+def test_a_rank_without_a_shard_fails_instead_of_looping(tmp_path):
+    from perfkit.measuring.data.phases import Workers, run_phase
+
+    one = datasets.DatasetSpec(format="webdataset", n_samples=6, sample_bytes=300, shard_bytes=10**6, seed=5)
+    path, _ = datasets.ensure(one, tmp_path)
+    assert len(shards.manifest(path)) == 1
+    reader = datasets.reader(path, one, shuffle=False, rank=1, world_size=2)  # rank 0 holds the one shard
+    loader = torch.utils.data.DataLoader(reader, batch_size=2)
+    with pytest.raises(RuntimeError, match="delivered no batch to rank 1 of 2: this rank's share of the dataset "
+                                           "is empty"):
+        run_phase(loader, 4, None, Workers())

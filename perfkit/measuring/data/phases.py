@@ -67,6 +67,7 @@ def run_phase(loader, n: int, step: Callable[[torch.Tensor], None] | None, worke
     """``n`` batches through ``step`` across as many epochs as it takes."""
     times, iterators, it = PhaseTimes(), [], None
     dataset = loader.dataset
+    empty_epochs = 0
     check = DeliveryCheck(dataset, loader.num_workers) if isinstance(dataset, ShardedReader) else None
     epoch = -1
     if loader.num_workers:  # a handle open here must not cross a fork (LMDB forbids it)
@@ -84,10 +85,15 @@ def run_phase(loader, n: int, step: Callable[[torch.Tensor], None] | None, worke
                     iterators.append(it)
                 try:
                     batch = next(it)
+                    empty_epochs = 0
                 except StopIteration:
                     it = None
                     if check is not None:
                         check.end_epoch(epoch, complete=True)
+                    empty_epochs += 1
+                    if empty_epochs == 2:  # not one batch in a whole epoch: it would loop forever
+                        raise RuntimeError(_NOTHING.format(epoch=epoch, rank=getattr(dataset, "rank", 0),
+                                                           world=getattr(dataset, "world_size", 1)))
             t1 = time.perf_counter()
             if check is not None:
                 indices, batch = batch
@@ -104,6 +110,10 @@ def run_phase(loader, n: int, step: Callable[[torch.Tensor], None] | None, worke
     finally:
         _shutdown(loader, iterators, workers)
     return times
+
+
+_NOTHING = ("epoch {epoch} delivered no batch to rank {rank} of {world}: this rank's share of the dataset is "
+            "empty (a sharded dataset with fewer shards than ranks × workers: lower shard_bytes or the workers)")
 
 
 def ceiling_phase(batch: torch.Tensor, n: int, step) -> list[float]:
