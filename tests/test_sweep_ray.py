@@ -231,3 +231,20 @@ def test_more_cpus_than_any_node_has_is_refused(ray_address, tmp_path):
     spec = _spec(tmp_path, {"notebook": str(MODES), "grid": {"batch_size": [1]}, "ray": {"cpus_per_config": 16}})
     ran = _sweep(spec, tmp_path / "out", "--executor", "ray", "--ray-address", ray_address)
     assert ran.returncode == 2 and "cpus_per_config 16 > the 2 CPUs of the largest node" in ran.stderr, ran.stderr
+
+
+def test_a_local_ray_runs_in_the_driver_and_ends_with_it(tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'perfkit[ray]'; make installs it)")
+    spec = _spec(tmp_path, {"notebook": str(MODES), "parameters": {"mode": "ok"}, "grid": {"batch_size": [1, 2]}})
+    marker = _teardown.new_token()  # inherited by the driver's Ray and everything it starts
+    ran = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(tmp_path / "out"),
+                          "--quiet", "--executor", "ray", "--ray-address", "local"], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, **_RAY_ENV, marker: "1"})
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert sorted(perfkit.load(tmp_path / "out")["status"]) == ["ok", "ok"]
+    assert all(e.slot.startswith("ray:") for e in Ledger(tmp_path / "out").events())
+    deadline = time.monotonic() + 10
+    while (left := _teardown.holders(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _teardown.reap(marker)
+    assert not left, f"processes {left} of the driver's Ray outlived it by 10 s"
