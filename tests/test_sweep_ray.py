@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -50,6 +51,12 @@ def ray_address():
     # Every process of this cluster (GCS, raylet, workers, the kernels its tasks start) inherits
     # the marker: the end stops exactly those, never another Ray of this machine (`ray stop` would).
     marker = _teardown.new_token()
+    # Ray's token authentication, with this cluster's own token: the drivers get it through
+    # _RAY_ENV; nothing reads or writes the user's ~/.ray/auth_token (which a `ray start` without
+    # RAY_AUTH_MODE would use if present, leaving drivers without the mode unauthenticated).
+    token = Path(temp_dir) / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    _RAY_ENV.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     env = {**os.environ, **_RAY_ENV, marker: "1"}
     started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                               "--num-cpus=2", "--num-gpus=2", "--include-dashboard=false", "--disable-usage-stats",
@@ -70,6 +77,8 @@ def ray_address():
             time.sleep(0.2)
         left = _teardown.reap(marker)  # GCS, raylet and two agents do not: SIGKILL, as `ray stop --force`
         shutil.rmtree(temp_dir, ignore_errors=True)
+        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
+            _RAY_ENV.pop(name, None)
         assert not left, f"Ray processes {left} outlived SIGKILL"
 
 
@@ -237,9 +246,12 @@ def test_a_local_ray_runs_in_the_driver_and_ends_with_it(tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'perfkit[ray]'; make installs it)")
     spec = _spec(tmp_path, {"notebook": str(MODES), "parameters": {"mode": "ok"}, "grid": {"batch_size": [1, 2]}})
     marker = _teardown.new_token()  # inherited by the driver's Ray and everything it starts
+    token = tmp_path / "auth_token"  # its own: a local ray.init would otherwise write ~/.ray/auth_token
+    token.write_text(secrets.token_hex(32))
+    env = {**os.environ, **_RAY_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), marker: "1"}
     ran = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(tmp_path / "out"),
                           "--quiet", "--executor", "ray", "--ray-address", "local"], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, **_RAY_ENV, marker: "1"})
+                         timeout=300, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert sorted(perfkit.load(tmp_path / "out")["status"]) == ["ok", "ok"]
     assert all(e.slot.startswith("ray:") for e in Ledger(tmp_path / "out").events())

@@ -127,7 +127,11 @@ def _connect(ray, address: str) -> None:
     try:
         ray.init(address=address, **options)
     except Exception as exc:  # noqa: BLE001 - Ray's refusal on one line
-        raise BadInputError(f"could not join the Ray cluster at {address}: {' '.join(str(exc).split())[:300]}") from None
+        hint = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
+            " (a cluster with token authentication, Ray's default where a token exists, needs RAY_AUTH_MODE=token "
+            "and its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+        raise BadInputError(f"could not join the Ray cluster at {address}: {' '.join(str(exc).split())[:300]}"
+                            f"{hint}") from None
 
 
 def _node_capacity(ray) -> tuple[float, float]:
