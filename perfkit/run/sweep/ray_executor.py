@@ -44,11 +44,10 @@ from pathlib import Path
 from ...core import status as st
 from ...core.cpu_share import thread_env
 from ...core.errors import BadInputError
-from ...core.results import record
-from ..execute import Outcome, banner, has_status_row
-from .engine import (OomEdges, SweepResult, config_paths, plan, raise_on_sigterm, restore_sigterm, run_one,
+from .engine import (OomEdges, SweepResult, plan, raise_on_sigterm, restore_sigterm, run_one,
                      should_run)
-from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
+from .endings import outcome_of, settle
+from .ledger import RUNNING, Ledger, SweepLock
 from .spec import Config, SweepSpec
 
 __all__ = ["RAY_KEYS", "run_ray_sweep", "ray_settings"]
@@ -153,39 +152,6 @@ def _ending(exc: BaseException) -> tuple[str, str]:
     return st.FAILED, name
 
 
-def _settle(c: Config, attempt: int, status: str, error_name: str, message: str, out_dir: Path,
-            ledger: Ledger) -> LedgerEntry:
-    """Record the ending of a task Ray ended before it could: ledger entry and status row."""
-    last = ledger.state().get(c.config_id)
-    if last is not None and last.status != RUNNING and last.attempt >= attempt:
-        return last  # it wrote its own after all
-    nb, results_path = config_paths(c, out_dir)
-    now = time.time()
-    if last is not None and last.status == RUNNING and last.attempt >= attempt:
-        entry = LedgerEntry(**{**last.__dict__, "status": status, "end": now, "duration_s": now - (last.start or now),
-                               "error_name": error_name, "message": message, "cell": None})
-        if nb.exists():
-            banner(nb, f"perfkit: this configuration ended <b>{status}</b>: {message.splitlines()[0]}")
-    else:
-        results_path.unlink(missing_ok=True)
-        entry = LedgerEntry(config_id=c.config_id, status=status, attempt=attempt, notebook=str(c.notebook),
-                            params=c.params, start=None, end=now, duration_s=0.0, error_name=error_name,
-                            message=message, output_notebook=str(nb), results_path=str(results_path),
-                            slot="ray", variant=c.variant_name, round=c.round)
-    if not has_status_row(results_path, status, c.config_id):
-        record([{}], status=status, reason=f"{error_name}: {message}", context=c.run_context(results_path))
-    ledger.append(entry)
-    return entry
-
-
-def _outcome(c: Config, e: LedgerEntry, out_dir: Path) -> Outcome:
-    nb, res = config_paths(c, out_dir)
-    return Outcome(config_id=c.config_id, status=e.status, error_name=e.error_name, message=e.message, cell=e.cell,
-                   output_notebook=Path(e.output_notebook) if e.output_notebook else nb,
-                   results_path=Path(e.results_path) if e.results_path else res,
-                   started_at=e.start or 0.0, duration_s=e.duration_s or 0.0)
-
-
 def run_ray_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | Path, *, retry_failed: bool = False,
                   progress: bool = True, poll_s: float = 1.0, **overrides: object) -> SweepResult:
     """Run what the ledger says is not done as Ray tasks; see the module docstring.
@@ -254,13 +220,14 @@ def _drive(ray, tqdm, todo, settings, out_dir, ledger, result, progress, poll_s,
                 except Exception as exc:  # noqa: BLE001 - Ray ended it (or it broke): recorded, not raised
                     status, name = _ending(exc)
                     text = str(exc).strip() or name
-                    entry = _settle(c, attempt, status, name, f"Ray ended the task: {text[-3000:]}", out_dir, ledger)
-                result.outcomes.append(_outcome(c, entry, out_dir))
+                    entry = settle(c, attempt, status, name, f"Ray ended the task: {text[-3000:]}", out_dir=out_dir,
+                                   ledger=ledger, slot="ray")
+                result.outcomes.append(outcome_of(c, entry, out_dir))
                 counts[entry.status] = counts.get(entry.status, 0) + 1
                 bar.update(1)
+            state = ledger.state()  # once a poll: it reads every writer's ledger file
             running = sum(1 for c, a in refs.values()
-                          if (e := ledger.state().get(c.config_id)) is not None and e.status == RUNNING
-                          and e.attempt >= a)
+                          if (e := state.get(c.config_id)) is not None and e.status == RUNNING and e.attempt >= a)
             bar.set_postfix({**counts, "running": running, "pending": len(refs) - running}, refresh=True)
     except KeyboardInterrupt:
         for ref in refs:
@@ -268,8 +235,8 @@ def _drive(ray, tqdm, todo, settings, out_dir, ledger, result, progress, poll_s,
         for c, attempt in refs.values():
             last = ledger.state().get(c.config_id)
             if last is not None and last.status == RUNNING and last.attempt >= attempt:
-                _settle(c, attempt, st.KILLED, "Interrupted", "the sweep was interrupted; it runs again on resume",
-                        out_dir, ledger)
+                settle(c, attempt, st.KILLED, "Interrupted", "the sweep was interrupted; it runs again on resume",
+                       out_dir=out_dir, ledger=ledger, slot="ray")
         print(f"\nperfkit: the driver stopped; {len(refs)} configuration(s) were cancelled (Ray ends a job's tasks "
               f"with its driver) and run again on resume:\n  resume: run the same `perfkit sweep ... --out "
               f"{out_dir} --executor ray` again", file=sys.stderr)

@@ -47,10 +47,9 @@ from ...core import status as st
 from ...core.cpu_share import thread_env
 from ...core.durable import write_text_atomic
 from ...core.errors import BadInputError
-from ..execute import Outcome, banner, has_status_row
-from ...core.results import record
-from .engine import (OomEdges, SweepResult, config_paths, plan, raise_on_sigterm, restore_sigterm, run_one,
+from .engine import (OomEdges, SweepResult, plan, raise_on_sigterm, restore_sigterm, run_one,
                      should_run)
+from .endings import outcome_of, settle
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
 from .slurm_settings import slurm_parameters
 from .spec import Config, SweepSpec
@@ -210,21 +209,10 @@ def _ended(event: LedgerEntry | None, attempt: int) -> bool:
     return event is not None and event.status != RUNNING and event.attempt >= attempt
 
 
-def _outcome(c: Config, e: LedgerEntry, out_dir: Path) -> Outcome:
-    nb, res = config_paths(c, out_dir)
-    return Outcome(config_id=c.config_id, status=e.status, error_name=e.error_name, message=e.message, cell=e.cell,
-                   output_notebook=Path(e.output_notebook) if e.output_notebook else nb,
-                   results_path=Path(e.results_path) if e.results_path else res,
-                   started_at=e.start or 0.0, duration_s=e.duration_s or 0.0)
-
-
 def _settle(c: Config, rec: dict, slurm_state: str, out_dir: Path, ledger: Ledger) -> LedgerEntry:
     """Record the ending of a task that Slurm ended before it could: ledger entry and status row."""
     status = _SLURM_ENDINGS.get(slurm_state, st.KILLED)
     job_id, attempt = rec["job_id"], rec["attempt"]
-    last = ledger.state().get(c.config_id)
-    started = last is not None and last.status == RUNNING and last.attempt >= attempt
-    nb, results_path = config_paths(c, out_dir)
     if slurm_state in ("FAILED", "COMPLETED"):
         error_name, tb = _stderr_tail(out_dir, job_id)
         error_name = error_name or f"Slurm{slurm_state.title()}"
@@ -237,24 +225,7 @@ def _settle(c: Config, rec: dict, slurm_state: str, out_dir: Path, ledger: Ledge
         message = {st.TIMEOUT: f"Slurm job {job_id} reached its time limit ({slurm_state})",
                    st.OOM: f"Slurm job {job_id} exceeded its memory ({slurm_state})"}.get(
             status, f"Slurm job {job_id} ended {slurm_state}; it runs again on resume")
-    now = time.time()
-    if started:
-        entry = LedgerEntry(**{**last.__dict__, "status": status, "end": now,
-                               "duration_s": now - (last.start or now), "error_name": error_name,
-                               "message": message, "cell": None})
-        if nb.exists():
-            banner(nb, f"perfkit: this configuration ended <b>{status}</b>: {message.splitlines()[0]}")
-    else:  # never started (cancelled while pending, or it died before writing its first entry)
-        results_path.unlink(missing_ok=True)
-        entry = LedgerEntry(config_id=c.config_id, status=status, attempt=attempt, notebook=str(c.notebook),
-                            params=c.params, start=None, end=now, duration_s=0.0, error_name=error_name,
-                            message=message, output_notebook=str(nb), results_path=str(results_path),
-                            slot=f"slurm:{job_id}", variant=c.variant_name, round=c.round)
-    if not has_status_row(results_path, status, c.config_id):
-        record([{}], status=status, reason=f"{error_name}: {message}",
-               context=c.run_context(results_path))
-    ledger.append(entry)
-    return entry
+    return settle(c, attempt, status, error_name, message, out_dir=out_dir, ledger=ledger, slot=f"slurm:{job_id}")
 
 
 def run_slurm_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | Path, *, retry_failed: bool = False,
@@ -347,7 +318,7 @@ def run_slurm_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | P
 
         def finish(cid: str, entry: LedgerEntry) -> None:
             watch.pop(cid)
-            result.outcomes.append(_outcome(by_id[cid], entry, out_dir))
+            result.outcomes.append(outcome_of(by_id[cid], entry, out_dir))
             counts[entry.status] = counts.get(entry.status, 0) + 1
             bar.update(1)
 
