@@ -47,11 +47,11 @@ DATA_WAIT_SPAN = "data_wait"
 DATALOADER_SPAN_PREFIX = "enumerate(DataLoader)#"
 """torch's own span around ``DataLoader.__next__`` (``torch/utils/data/dataloader.py``)."""
 CONSECUTIVE_KERNEL_DELAY_US = 30
-#: A GPU kernel shorter than this runs about as long as its launch costs the host (a few µs per
-#: launch: NVIDIA, "Getting Started with CUDA Graphs", 2019), so a step of such kernels is
-#: launch-bound; :func:`trace_summary`'s ``trace_short_kernel_share`` counts them.
-SHORT_KERNEL_US = 10.0
 """HTA's default ``consecutive_kernel_delay`` (``TraceAnalysis.get_idle_time_breakdown``)."""
+SHORT_KERNEL_US = 10.0
+"""A GPU kernel shorter than this runs about as long as its launch costs the host (a few µs per
+launch: NVIDIA, "Getting Started with CUDA Graphs", 2019), so a step of such kernels is
+launch-bound; :func:`trace_summary`'s ``trace_short_kernel_share`` counts them."""
 
 _KERNEL_CATS = ("kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events")
 _IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
