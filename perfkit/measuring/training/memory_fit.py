@@ -9,17 +9,14 @@ every tensor storage the step creates and frees at dispatch and names its catego
 module and optimizer hooks. ``peak_bytes`` is the most live tensor bytes at any moment of the
 step; ``at_peak`` splits that moment into :data:`CATEGORIES` (they sum to the peak).
 
-**Predicted** (:func:`predict`): the same step on a ``FakeTensorMode`` model (shapes, dtypes and
-strides, no storage: a 7B model costs the host a few hundred MB and tens of seconds), in a
-``fake`` process group as rank 0 of ``world_size`` (FSDP2's rank 0 holds the largest shards),
-so FSDP2's sharding, all-gathers and reshard are its real code. DDP is not constructed on fake
-tensors (it checks parameters across ranks); its step is the unwrapped one, plus the reducer's
-buckets, held from construction on: the parameters' bytes again (``gradient_as_bucket_view``
-makes the gradients those buckets' views, so they are not counted twice). ``zero1`` is that
-step with the real ``ZeroRedundancyOptimizer`` over the fake world: rank 0's partition of the
-optimizer state. Not modelled: ``tp``, ``fsdp_tp``, ``pp``, fp8 (torchao), ``torch.compile``; the allocator's caching and
-fragmentation on a GPU (the CUDA allocator rounds and caches: the device holds more than the
-tensors do; leave headroom), the CUDA context, NCCL's buffers.
+**Predicted** (:func:`predict`): the same step on a ``FakeTensorMode`` model (shapes, dtypes and strides, no
+storage: a 7B model costs the host a few hundred MB and tens of seconds), in a ``fake`` process group as rank 0 of
+``world_size`` (FSDP2's rank 0 holds the largest shards), so FSDP2's sharding, all-gathers and reshard are its real
+code. DDP is not constructed on fake tensors (it checks parameters across ranks); its step is the unwrapped one,
+plus the reducer's buckets, held from construction on: the parameters' bytes again (``gradient_as_bucket_view``
+makes the gradients those buckets' views). ``zero1`` is that step with the real ``ZeroRedundancyOptimizer`` over
+the fake world: rank 0's partition of the optimizer state. Not modelled: ``tp``, ``fsdp_tp``, ``pp``, fp8, compile;
+a GPU allocator's caching and rounding (the device holds more than the tensors), the CUDA context, NCCL's buffers.
 
 **The largest batch that fits** (:func:`largest_batch`): at a fixed sequence length the peak is a line in the
 per-rank batch, through the prediction and the one with a sample more per rank (two points, not the batch-scaled
@@ -97,6 +94,8 @@ class StepMemory:
     step); the largest is ``peak_bytes``."""
     seconds: float = math.nan
     """Wall time the tracked (or faked) step took, setup included for a prediction."""
+    garbage_collected_bytes: int = 0
+    """Tensor bytes only Python's cyclic garbage held when the optimizer's step began (collected then)."""
 
     @property
     def batch_scaled_bytes(self) -> int:
@@ -108,6 +107,7 @@ class StepMemory:
         return {f"{prefix}peak_bytes": self.peak_bytes,
                 **{f"{prefix}{c}_bytes": self.at_peak.get(c, 0) for c in CATEGORIES},
                 **{f"{prefix}peak_{p}_bytes": self.phase_peak_bytes.get(p, math.nan) for p in PHASES},
+                f"{prefix}garbage_collected_bytes": self.garbage_collected_bytes,
                 f"{prefix}top_modules": [dataclasses.asdict(m) for m in self.modules]}
 
 
@@ -205,18 +205,15 @@ class _Tracked:
             self.tracker.track_external(model, getattr(optimizer, "optim", optimizer))
         self.t0 = time.perf_counter()
         self.garbage_bytes = 0
+        # Cyclic garbage collected as the optimizer's step begins: the peaks do not depend on when the collector
+        # runs (FSDP2's cycles held a small llama's root parameters: +13 % optimizer phase, 1 run in 10).
+        self.hook = optimizer.register_step_pre_hook(lambda *_: self._collect_garbage())
 
-    def collect_garbage(self) -> int:
-        """Collect Python's cyclic garbage between backward and the optimizer's step, so the phases'
-        peaks do not depend on when the collector runs (FSDP2's cycles held a small llama's unsharded
-        root parameters: +13 % in the optimizer phase in 1 run of 10); the bytes freed are kept."""
-        before = self._total()
+    def _collect_garbage(self) -> None:
+        total = lambda: sum(snap.get("Total", 0) for snap in self.tracker._curr_mem_snap.values())  # noqa: E731
+        before = total()
         gc.collect()
-        self.garbage_bytes = max(0, before - self._total())
-        return self.garbage_bytes
-
-    def _total(self) -> int:
-        return sum(snap.get("Total", 0) for snap in self.tracker._curr_mem_snap.values())
+        self.garbage_bytes = max(0, before - total())
 
     def result(self) -> StepMemory:
         at_peak = _category_bytes(self.tracker.get_tracker_snapshot("peak"))
@@ -225,7 +222,7 @@ class _Tracked:
         return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak,
                           phase_peak_bytes=dict(getattr(self.tracker, "phase_peaks", {})),
                           modules=_modules(self.tracker, self.top, self.blocks),
-                          seconds=time.perf_counter() - self.t0)
+                          seconds=time.perf_counter() - self.t0, garbage_collected_bytes=self.garbage_bytes)
 
 
 @contextlib.contextmanager
@@ -236,8 +233,11 @@ def step_tracker(model, optimizer, work=None, *, top: int = 5):
     ``block_names`` resolved in its own model, which the wrappers keep)."""
     blocks = dict(zip(work.block_names, work.blocks())) if work is not None else {}
     tracked = _Tracked(model, optimizer, blocks, top)
-    with tracked.tracker:
-        yield tracked
+    try:
+        with tracked.tracker:
+            yield tracked
+    finally:
+        tracked.hook.remove()
 
 
 #: Warm-up steps before the one :func:`tracking` tracks: the optimizer's state exists from the

@@ -144,12 +144,9 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     loss = forward_backward(work, model, inputs, target, device_type=device.type,
                                             amp_dtype=amp_dtype, scaler=scaler)
-                if tracked is not None:  # the tracked (untimed) step's peaks: not the collector's timing
-                    tracked.collect_garbage()
                 optimizer_step(optimizer, scaler)
             if tracked is not None:
                 memory = {**tracked.result().columns("memory_tracked_"),
-                          "memory_tracked_garbage_collected_bytes": tracked.garbage_bytes,
                           "memory_ddp_bucket_bytes": memory_fit.ddp_bucket_bytes(model)}
             synchronize(device)
             if step >= cfg.warmup_steps:
