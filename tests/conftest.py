@@ -115,3 +115,15 @@ def cache_on(tmp_path, request):
     folder = Path(tempfile.mkdtemp(prefix="perfkit-test-", dir="/dev/shm"))
     request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
     return folder
+
+
+def samples_digest(arrays) -> str:
+    """SHA-256 over the bytes of ``arrays`` in order (uint8): a dataset read back equals what was written."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.asarray(a, dtype=np.uint8).tobytes())
+    return h.hexdigest()

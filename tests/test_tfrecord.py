@@ -4,7 +4,6 @@ TensorFlow's own schema), and a corrupt record a failure that names the file and
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, samples_digest
 from perfkit.measuring.data import datasets, tfrecord
 
 SPEC = datasets.DatasetSpec(format="tfrecord", n_samples=48, sample_bytes=300, seed=3)
@@ -26,22 +25,15 @@ def stored(tmp_path):
     return path
 
 
-def _digest(arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.asarray(a, dtype=np.uint8).tobytes())
-    return h.hexdigest()
-
-
 def test_written_and_read_back_byte_equal_at_random_and_in_order(stored):
     reader = datasets.reader(stored, SPEC)
-    expected = _digest(datasets.sample_raw(SPEC, i) for i in range(SPEC.n_samples))
+    expected = samples_digest(datasets.sample_raw(SPEC, i) for i in range(SPEC.n_samples))
     order = np.random.default_rng(0).permutation(SPEC.n_samples)
     by_index = {int(i): reader.read_raw(int(i)) for i in order}  # random access through the index
-    assert _digest(by_index[i] for i in range(SPEC.n_samples)) == expected
+    assert samples_digest(by_index[i] for i in range(SPEC.n_samples)) == expected
     in_order = [tfrecord.decode_example(d) for d in tfrecord.iter_records(stored / tfrecord.FILE)]
     assert [e["index"] for e in in_order] == [[i] for i in range(SPEC.n_samples)]
-    assert _digest(np.frombuffer(e["data"], np.uint8) for e in in_order) == expected
+    assert samples_digest(np.frombuffer(e["data"], np.uint8) for e in in_order) == expected
     reader.close()
 
 

@@ -5,7 +5,6 @@ configuration with the counts — and a truncated shard a failure naming the fil
 from __future__ import annotations
 
 import collections
-import hashlib
 import sys
 import tarfile
 
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import samples_digest
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.data import datasets, loading, shards
 
@@ -26,24 +26,17 @@ def stored(tmp_path_factory):
     return path
 
 
-def _digest(arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.asarray(a, dtype=np.uint8).tobytes())
-    return h.hexdigest()
-
-
 def test_written_as_tar_shards_and_read_back_byte_equal(stored):
     manifest = shards.manifest(stored)
     assert len(manifest) == 12 and [s["end"] - s["first"] for s in manifest] == [5] * 12  # 1500 B: 5 samples
     with tarfile.open(stored / manifest[3]["file"]) as tar:  # a plain tar, the WebDataset naming
         assert tar.getnames() == [f"{i:08d}.bin" for i in range(15, 20)]
-    expected = _digest(datasets.sample_raw(SPEC, i) for i in range(SPEC.n_samples))
+    expected = samples_digest(datasets.sample_raw(SPEC, i) for i in range(SPEC.n_samples))
     reader = datasets.reader(stored, SPEC, shuffle=False)
     in_order = [reader.read_raw(i) for i in range(SPEC.n_samples)]
-    assert _digest(in_order) == expected
+    assert samples_digest(in_order) == expected
     streamed = dict(reader.iter_raw())
-    assert _digest(streamed[i] for i in range(SPEC.n_samples)) == expected
+    assert samples_digest(streamed[i] for i in range(SPEC.n_samples)) == expected
 
 
 @pytest.mark.parametrize("n_shards", [1, 5, 12, 13])
