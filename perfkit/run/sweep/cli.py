@@ -64,21 +64,25 @@ def add_executor_arguments(p) -> None:
 def ray_options(args) -> dict | None:
     """The Ray executor's keyword arguments from the ``--ray-*`` flags; None for another executor
     (where a Ray flag is bad input)."""
-    if args.executor != "ray":
-        given = [f for f in _RAY_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
-        if given:
-            raise BadInputError(f"{', '.join(given)} only apply with --executor ray")
+    if _refuse_flags_of("ray", _RAY_FLAGS, args):
         return None
     return {"address": args.ray_address, "cpus_per_config": args.ray_cpus_per_config}
+
+
+def _refuse_flags_of(executor: str, flags: tuple[str, ...], args) -> bool:
+    """True when ``executor`` is not the one chosen; its flags given anyway are bad input."""
+    if args.executor == executor:
+        return False
+    given = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+    if given:
+        raise BadInputError(f"{', '.join(given)} only apply with --executor {executor}")
+    return True
 
 
 def slurm_options(args) -> dict | None:
     """The Slurm executor's keyword arguments from :func:`add_executor_arguments`' flags; None for
     the local executor (where a Slurm flag is bad input)."""
-    if args.executor != "slurm":
-        given = [f for f in _SLURM_FLAGS if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
-        if given:
-            raise BadInputError(f"{', '.join(given)} only apply with --executor slurm")
+    if _refuse_flags_of("slurm", _SLURM_FLAGS, args):
         return None
     from .slurm_settings import parse_sbatch_options
 
