@@ -68,6 +68,11 @@ _DONE_GRACE_S = 1.0
 #: process's files close before its parent can reap it): its exit code, the cause, is kept only if
 #: it ends within this, and a peer's "connection closed" report must not stand in for it.
 _PEERS_GRACE_S = 1.0
+#: On one node, when the only errors reported are peers' "connection closed": the rank they lost is
+#: still ending (its socket closed before it could be reaped, and on a loaded host that lag has
+#: passed a second); it gets this long to be seen, so that its exit code, not the peers' report,
+#: is the cause given.
+_PEER_LOSS_GRACE_S = 5.0
 #: Characters of a rank's log kept in an error message.
 _LOG_TAIL_CHARS = 4000
 
@@ -307,14 +312,30 @@ def _end(token: str, procs: list[subprocess.Popen]) -> None:
               file=sys.stderr)
 
 
-def _settle_by(work_dir, nproc, now, deadline, failure_grace_s, done_grace_s, died=False) -> float | None:
-    """When the launch ends once its outcome is known: a rank failed (an error reported, or ``died``
-    without one) or every rank reported; None while neither is true."""
+def _settle_by(work_dir, nproc, now, deadline, failure_grace_s, done_grace_s) -> float | None:
+    """When the launch ends once its outcome is known: a rank reported an error or every rank
+    reported; None while neither is true."""
     reports = _reports(work_dir, nproc)
-    if died or any(r is not None and not r.get("ok") for r in reports):
+    if any(r is not None and not r.get("ok") for r in reports):
         return min(now + failure_grace_s, deadline)
     if all(r is not None for r in reports):
         return min(now + done_grace_s, deadline)
+    return None
+
+
+def _ranks_settle_by(work_dir, nproc, codes, now, deadline) -> float | None:
+    """:func:`_settle_by` for ranks started here, whose exit codes are seen as they come: a rank's
+    own error or a rank ended without a report settles within :data:`_PEERS_GRACE_S`; peers that
+    report only the loss of a rank wait up to :data:`_PEER_LOSS_GRACE_S` for that rank to end."""
+    reports = _reports(work_dir, nproc)
+    errors = [r for r in reports if r is not None and not r.get("ok")]
+    silent = any(code != 0 and reports[i] is None for i, (_, code) in codes.items())
+    if silent or any(not _is_peer_loss(r) for r in errors):
+        return min(now + _PEERS_GRACE_S, deadline)
+    if errors:
+        return min(now + _PEER_LOSS_GRACE_S, deadline)
+    if all(r is not None for r in reports):
+        return min(now + _DONE_GRACE_S, deadline)
     return None
 
 
@@ -399,9 +420,9 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
                 if local_rank not in codes and proc.poll() is not None:
                     codes[local_rank] = (local_rank, proc.returncode)
             now = time.monotonic()
-            if settle_by is None:
-                settle_by = _settle_by(work_dir, nproc, now, deadline, _PEERS_GRACE_S, _DONE_GRACE_S,
-                                       died=any(code != 0 for _, code in codes.values()))
+            known_by = _ranks_settle_by(work_dir, nproc, codes, now, deadline)
+            if known_by is not None:
+                settle_by = known_by if settle_by is None else min(settle_by, known_by)
             if now >= (settle_by if settle_by is not None else deadline):
                 timed_out = settle_by is None
                 break
