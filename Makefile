@@ -25,10 +25,14 @@ help:
 venv: $(STAMP)
 
 # pip byte-compiles what it installs one file at a time: 21 s of torch's 27 s install and 44 s of
-# the rest's 104 s here. It installs without compiling, and compileall then compiles the venv's
-# site-packages on every core (45 s on 2 cores). Not compiling at all is no option: where
-# PYTHONDONTWRITEBYTECODE is set (this project's CI machines), every process would compile every
-# module it imports, every time (the suite took 21 min instead of 12).
+# the rest's 104 s here, most of it for modules nothing here imports (transformers' hundreds of
+# model families, Ray's dashboard, MLflow's server). It installs without compiling, and each module
+# is compiled the first time it is imported: the venv is this project's own, so the commands below
+# write bytecode caches into it (and into the checkout's __pycache__, ignored by git) even where the
+# environment sets PYTHONDONTWRITEBYTECODE (this project's CI machines), where every process would
+# otherwise compile every module it imports, every time (the suite took 21 min instead of 12).
+# Compiling all of site-packages up front instead took 45 s on 2 cores, before any test ran.
+unexport PYTHONDONTWRITEBYTECODE
 PIP_INSTALL := $(PY) -m pip install -q --disable-pip-version-check --no-compile
 
 $(STAMP): pyproject.toml
@@ -39,8 +43,6 @@ $(STAMP): pyproject.toml
 	  echo "installing $(TORCH_SPEC)"; $(PIP_INSTALL) "$(TORCH_SPEC)" $(TORCH_INDEX); \
 	fi
 	$(PIP_INSTALL) -e '.[dev,slurm,hf,tfrecord,webdataset,ray]'
-	@# Exit status 1 when a file does not compile (a few packages ship templates in other syntax): pip ignores those too.
-	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	@# jsonschema's format-nongpl extra (asked for by nbformat and jupyter-events) brings rfc3987-syntax,
 	@# which builds ~35 Earley parsers at import: 1.2 s of CPU in every process that imports nbformat
 	@# (papermill, perfkit run/sweep, every Slurm task, Jupyter) for the 'iri' format, which no notebook
@@ -61,9 +63,9 @@ demo: venv
 # Much of the suite waits on kernels, torchrun ranks and Slurm, so it runs on TEST_WORKERS
 # pytest-xdist workers; --dist loadscope keeps each notebook's cells (and each test file) on one
 # worker, in order.
-TEST_WORKERS ?= 3
-# perfkit's own modules byte-compiled first (a second run only checks timestamps): where
-# PYTHONDONTWRITEBYTECODE is set, each of the suite's ~400 processes would compile them again.
+TEST_WORKERS ?= 4
+# perfkit's own modules byte-compiled first, on every core (a second run only checks timestamps),
+# rather than by the first of the workers' processes that import each.
 COMPILE_OWN = $(PY) -m compileall -q -j 0 perfkit tests >/dev/null
 test: venv browser
 	@$(COMPILE_OWN)

@@ -160,3 +160,27 @@ def test_an_import_error_in_the_sweep_commands_surfaces(blocked):
     assert out.returncode != 0
     assert "Traceback" in out.stderr and "ModuleNotFoundError" in out.stderr and blocked in out.stderr
     assert "invalid choice" not in out.stderr
+
+
+def test_the_executor_flags_name_one_executor_with_its_settings():
+    # One choice for `perfkit sweep` and `perfkit advise --verify`: the flags of the chosen
+    # executor become its settings, another executor's flag is refused.
+    import argparse
+
+    from perfkit.core.errors import BadInputError
+    from perfkit.run.sweep.cli import add_executor_arguments, executor_from_args
+    from perfkit.run.sweep.executors import Executor
+
+    parser = argparse.ArgumentParser()
+    add_executor_arguments(parser)
+    assert executor_from_args(parser.parse_args([])) == Executor("local")
+    slurm = executor_from_args(parser.parse_args(["--executor", "slurm", "--partition", "gpu", "--cpus-per-task", "4"]))
+    assert (slurm.kind, slurm.options["partition"], slurm.options["cpus_per_task"]) == ("slurm", "gpu", 4)
+    ray = executor_from_args(parser.parse_args(["--executor", "ray", "--ray-address", "127.0.0.1:6379"]))
+    assert (ray.kind, ray.options["address"]) == ("ray", "127.0.0.1:6379")
+    with pytest.raises(BadInputError, match="--partition only apply with --executor slurm"):
+        executor_from_args(parser.parse_args(["--executor", "ray", "--partition", "gpu"]))
+    with pytest.raises(ValueError, match="one of local, slurm, ray"):
+        Executor("k8s")
+    with pytest.raises(ValueError, match="takes no partition"):
+        Executor("local", {"partition": "gpu"})

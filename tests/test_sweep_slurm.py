@@ -350,7 +350,7 @@ def test_advise_verify_runs_its_experiment_as_a_slurm_job_array(cluster, tmp_pat
     import argparse
 
     from perfkit.analyse.advice import Experiment, Finding
-    from perfkit.run.sweep.cli import add_executor_arguments, slurm_options
+    from perfkit.run.sweep.cli import add_executor_arguments, executor_from_args, slurm_options
     from perfkit.view.advise_followup import verify
 
     folder = tmp_path / "dir"
@@ -362,9 +362,10 @@ def test_advise_verify_runs_its_experiment_as_a_slurm_job_array(cluster, tmp_pat
                       experiment=Experiment(notebook="sleep.ipynb", parameter="delay_s", current=0.02, proposed=0.005))
     parser = argparse.ArgumentParser()
     add_executor_arguments(parser)
-    slurm = slurm_options(parser.parse_args(["--executor", "slurm", "--partition", cluster.partition,
-                                             "--cpus-per-task", "1"]))
-    (v,) = verify([finding], folder, top=1, rounds=2, slurm=slurm)
+    executor = executor_from_args(parser.parse_args(["--executor", "slurm", "--partition", cluster.partition,
+                                                     "--cpus-per-task", "1"]))
+    assert executor.kind == "slurm" and executor.options["partition"] == cluster.partition
+    (v,) = verify([finding], folder, top=1, rounds=2, executor=executor)
     assert v.verdict == "faster" and v.speedup > 2, v.text  # 20 ms against 5 ms a call
     ran = perfkit.load(v.folder)
     assert sorted(zip(ran["variant"], ran["round"])) == [("advised", 1), ("advised", 2), ("current", 1), ("current", 2)]

@@ -25,31 +25,25 @@ token holders (torchrun, its peers) and itself.
 
 Statuses (:mod:`perfkit.core.status`): ``ok`` (every rank returned), ``failed``/``oom`` (a rank raised),
 ``killed`` (a rank ended without a result: an exit code or a signal), ``timeout`` (the deadline
-passed first). When one rank fails its peers usually fail too ("connection closed by peer"); the
-root cause is taken in this order: an error a rank raised on its own (the earliest), a rank that
-died without a result, the peers' communication errors.
+passed first); which rank's ending is the cause: :mod:`perfkit.run.launch_outcome`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from perfkit.run import _teardown
+from perfkit.run.launch_outcome import LaunchResult, exit_codes, is_peer_loss, outcome, rank_reports, read_text
 from perfkit.run.rendezvous import slurm_rendezvous  # re-exported: launch(..., **slurm_rendezvous())
-from perfkit.core import checks
 from perfkit.core.cpu_share import thread_env, with_threads
 from perfkit.core.errors import BadInputError
-from perfkit.core.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
 __all__ = ["LaunchResult", "launch", "slurm_rendezvous"]
 
@@ -73,37 +67,7 @@ _PEERS_GRACE_S = 1.0
 #: passed a second); it gets this long to be seen, so that its exit code, not the peers' report,
 #: is the cause given.
 _PEER_LOSS_GRACE_S = 5.0
-#: Characters of a rank's log kept in an error message.
-_LOG_TAIL_CHARS = 4000
 
-
-@dataclass(kw_only=True, frozen=True)
-class LaunchResult:
-    """How one multi-process launch ended."""
-
-    status: str
-    """``ok``, ``failed``, ``oom``, ``timeout`` or ``killed`` (:mod:`perfkit.core.status`)."""
-    rank_results: tuple
-    """Per local rank of this node (the global rank on one node): the dict the target returned,
-    or None where the rank returned nothing."""
-    error: str | None
-    """The first failing rank's error name, message and traceback (or exit code/signal and log
-    tail); None when ``ok``."""
-    failed_rank: int | None
-    """Global rank of the first failing rank, when one is known."""
-    rank_logs: tuple[str, ...]
-    """Each local rank's captured stdout+stderr text (e.g. for ``NCCL_DEBUG=INFO`` parsing)."""
-    wall_time_s: float
-    """Seconds from starting the ranks (or torchrun) to the end of the launch, teardown included."""
-
-    def __post_init__(self):
-        checks.one_of("status", self.status, STATUSES)
-        if len(self.rank_results) != len(self.rank_logs):
-            raise BadInputError("rank_results and rank_logs must have one entry per rank")
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
 
 
 def _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env):
@@ -142,83 +106,6 @@ def _torchrun_command(job_path, work_dir, nproc, nnodes, node_rank, rdzv_endpoin
         "-m", "perfkit.run._rank_entry", job_path,
     ]
     return command
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _reports(work_dir: str, nproc: int) -> list[dict | None]:
-    return [_read_json(os.path.join(work_dir, f"local{i}.json")) for i in range(nproc)]
-
-
-# torchrun's failure summary: one block per failed local rank, "rank : 1 (local_rank: 1)" then
-# "exitcode : -9 (pid: ...)"; negative codes are signals.
-_FAILURE_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*exitcode\s*:\s*(-?\d+)")
-# What a rank raises when a peer disappears: a consequence, never the cause, of a failure.
-_PEER_LOSS_NAMES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
-_PEER_LOSS_TEXT = re.compile(
-    r"Connection closed by peer|Connection reset by peer|remote worker crashing|Broken pipe"
-    r"|remote process exited|communicator was aborted|Socket Timeout",
-    re.IGNORECASE,
-)
-
-
-def _is_peer_loss(report: dict) -> bool:
-    short = report["error_name"].rsplit(".", 1)[-1]
-    return short in _PEER_LOSS_NAMES or bool(_PEER_LOSS_TEXT.search(report.get("message", "")))
-
-
-def _exit_codes(torchrun_log: str) -> dict[int, tuple[int, int]]:
-    """Local rank -> (global rank, exit code) from torchrun's failure summary."""
-    return {int(m[2]): (int(m[1]), int(m[3])) for m in _FAILURE_BLOCK.finditer(torchrun_log)}
-
-
-def _silent_death(codes: Mapping[int, tuple[int, int]], reports, logs, launcher_log: str) -> tuple[str, int | None] | None:
-    """The rank that ended without a report (exit code or signal, log tail), if there is one.
-
-    ``codes``: local rank -> (global rank, exit code) of the ranks that ended before the launch
-    stopped them (torchrun's failure summary, or the launcher's own wait). torchrun sends SIGTERM to
-    the survivors once one rank has failed, so a rank ended by SIGTERM is taken as the cause only
-    when no rank ended otherwise.
-    """
-    missing = [i for i, r in enumerate(reports) if r is None]
-    if not missing:
-        return None
-    known = [i for i in missing if i in codes]
-    primary = [i for i in known if codes[i][1] != -signal.SIGTERM]
-    if primary or known:
-        local_rank = (primary or known)[0]
-        rank, code = codes[local_rank]
-        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    else:
-        local_rank, rank = missing[0], None
-        how = "ended without a result (no exit code was reported)"
-    tail = logs[local_rank][-_LOG_TAIL_CHARS:] or launcher_log[-_LOG_TAIL_CHARS:]
-    who = f"rank {rank}" if rank is not None else f"local rank {local_rank}"
-    return f"{who} {how}; log tail:\n{tail}", rank
-
-
-def _earliest(reports: list[dict]) -> dict | None:
-    return min(reports, key=lambda r: r.get("time", float("inf"))) if reports else None
-
-
-def _format_error(report: dict) -> str:
-    if report["error_name"].endswith("ConfigurationSkipped"):  # a reason, not a failure: no traceback
-        return report["message"]
-    return f"{report['error_name']}: {report['message']}\n{report['traceback']}"
 
 
 def _rank_threads(inherited: Mapping[str, str], env: Mapping[str, str], nproc: int) -> dict:
@@ -293,7 +180,7 @@ def launch(
                                                                  timeout_s, done_grace_s)
         else:
             timed_out, codes, launcher_log = _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s)
-        return _outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, time.monotonic() - start)
+        return outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, time.monotonic() - start)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
@@ -315,7 +202,7 @@ def _end(token: str, procs: list[subprocess.Popen]) -> None:
 def _settle_by(work_dir, nproc, now, deadline, failure_grace_s, done_grace_s) -> float | None:
     """When the launch ends once its outcome is known: a rank reported an error or every rank
     reported; None while neither is true."""
-    reports = _reports(work_dir, nproc)
+    reports = rank_reports(work_dir, nproc)
     if any(r is not None and not r.get("ok") for r in reports):
         return min(now + failure_grace_s, deadline)
     if all(r is not None for r in reports):
@@ -327,10 +214,10 @@ def _ranks_settle_by(work_dir, nproc, codes, now, deadline) -> float | None:
     """:func:`_settle_by` for ranks started here, whose exit codes are seen as they come: a rank's
     own error or a rank ended without a report settles within :data:`_PEERS_GRACE_S`; peers that
     report only the loss of a rank wait up to :data:`_PEER_LOSS_GRACE_S` for that rank to end."""
-    reports = _reports(work_dir, nproc)
+    reports = rank_reports(work_dir, nproc)
     errors = [r for r in reports if r is not None and not r.get("ok")]
     silent = any(code != 0 and reports[i] is None for i, (_, code) in codes.items())
-    if silent or any(not _is_peer_loss(r) for r in errors):
+    if silent or any(not is_peer_loss(r) for r in errors):
         return min(now + _PEERS_GRACE_S, deadline)
     if errors:
         return min(now + _PEER_LOSS_GRACE_S, deadline)
@@ -362,8 +249,8 @@ def _supervise_torchrun(command, child_env, token, work_dir, nproc, timeout_s, d
         # Also on KeyboardInterrupt (Ctrl-C in a notebook): torchrun, the ranks and whatever they
         # started hold the launch's token; none of them outlives the launch.
         _end(token, [proc])
-    torchrun_log = _read_text(torchrun_log_path)
-    return timed_out, _exit_codes(torchrun_log), torchrun_log
+    torchrun_log = read_text(torchrun_log_path)
+    return timed_out, exit_codes(torchrun_log), torchrun_log
 
 
 def _host_store(nproc: int, timeout_s: float):
@@ -430,34 +317,4 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
     finally:
         _end(token, procs)  # also on KeyboardInterrupt: no rank outlives the launch
         del store
-    return timed_out, codes, _read_text(launcher_log_path)
-
-
-def _outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, wall_time_s) -> LaunchResult:
-    reports = _reports(work_dir, nproc)
-    results = tuple(r["result"] if r and r.get("ok") else None for r in reports)
-    logs = tuple(_read_text(os.path.join(work_dir, f"local{i}.log")) for i in range(nproc))
-
-    def result(status, error=None, failed_rank=None):
-        return LaunchResult(status=status, rank_results=results, error=error,
-                            failed_rank=failed_rank, rank_logs=logs, wall_time_s=wall_time_s)
-
-    # Root cause first: an error a rank raised on its own, then a rank that died without a
-    # report (its peers then fail with "connection closed"), then those peers' errors.
-    errors = [r for r in reports if r is not None and not r.get("ok")]
-    own = _earliest([r for r in errors if not _is_peer_loss(r)])
-    if own is not None:
-        return result(status_for_error(own["error_name"], own["message"]), _format_error(own),
-                      own["rank"])
-    if all(r is not None and r.get("ok") for r in reports):
-        return result(OK)
-    if timed_out:
-        waiting = [i for i, r in enumerate(reports) if r is None]
-        return result(TIMEOUT, f"no result within {timeout_s:g} s from local ranks {waiting}; "
-                               f"the process tree was killed")
-    death = _silent_death(codes, reports, logs, launcher_log)
-    if death is not None:
-        return result(KILLED, *death)
-    peer = _earliest(errors)
-    return result(status_for_error(peer["error_name"], peer["message"]), _format_error(peer),
-                  peer["rank"])
+    return timed_out, codes, read_text(launcher_log_path)

@@ -102,18 +102,18 @@ def run_advise(args) -> int:
 
 
 def _verify(findings: list[Finding], args) -> int:
-    from ..run.sweep.cli import ray_options, slurm_options
+    from ..run.sweep.cli import executor_from_args
     from .advise_followup import experiments, verify
 
-    slurm, ray = slurm_options(args), ray_options(args)
+    executor = executor_from_args(args)
     if not experiments(findings, args.top):
         print("\nnothing to verify: no advice here comes with an experiment (a setting to change), so there is "
               "nothing to run; the findings above say what was seen")
         return 0
     print(f"\nverifying the top {args.top} piece(s) of advice, {args.rounds} rounds a side, into "
           f"{Path(args.dir) / 'advice'}/ ...", flush=True)
-    for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds, slurm=slurm,
-                                   ray=ray), 1):
+    for n, v in enumerate(verify(findings, Path(args.dir), top=args.top, rounds=args.rounds,
+                                   executor=executor), 1):
         print(f"[{n}] {v.finding.constraint} in {v.finding.point}\n    {v.text}\n    rows: {v.folder}")
     return 0
 

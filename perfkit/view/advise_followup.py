@@ -15,11 +15,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from ..analyse.advice import Finding
 from ..core.errors import BadInputError
+
+if TYPE_CHECKING:
+    from ..run.sweep.executors import Executor
 
 __all__ = ["BASE", "ADVISED", "experiments", "spec_for", "write_specs", "speedup", "Verification", "verify"]
 
@@ -148,14 +152,15 @@ def _line(f: Finding, verdict: str, speed: tuple[float, float, float], metric: s
     return f"{what}; {told}: {verdict} — {helped}"
 
 
-def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, workers: int = 1,
-           progress: bool = False, slurm: dict | None = None, ray: dict | None = None) -> list[Verification]:
+def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, progress: bool = False,
+           executor: Executor | None = None) -> list[Verification]:
     """Run each chosen experiment into ``directory/advice/<n>/`` (resumable: a second call runs
     only what is missing) and judge it with ``perfkit compare --by variant --base current``.
-    ``slurm``/``ray``: run it as a Slurm job array or as Ray tasks instead (that executor's settings)."""
+    ``executor``: where it runs (default: this node, one configuration at a time)."""
     from ..analyse.compare import compare_by
     from ..core.results import IGNORE_MARKER
-    from ..run.sweep import expand, load_spec, run_sweep
+    from ..run.sweep import load_spec
+    from ..run.sweep.executors import Executor
     from .compare import load_rows
 
     chosen = experiments(findings, top)
@@ -169,16 +174,7 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, w
         spec_path = folder / "spec.yaml"
         _write_spec(spec_path, f, directory, rounds)
         spec = load_spec(spec_path)
-        if ray is not None:
-            from ..run.sweep.ray_executor import run_ray_sweep
-
-            result = run_ray_sweep(spec, expand(spec), folder, progress=progress, **ray)
-        elif slurm is not None:
-            from ..run.sweep.slurm import run_slurm_sweep
-
-            result = run_slurm_sweep(spec, expand(spec), folder, progress=progress, **slurm)
-        else:
-            result = run_sweep(spec, folder, workers=workers, progress=progress)
+        result = (executor or Executor()).run(spec, folder, progress=progress)
         rows = load_rows(folder)
         ok_sides = set(rows.loc[rows["status"] == "ok", "variant"].dropna())
         if result.exit_code != 0 or ok_sides != {BASE, ADVISED}:

@@ -1,8 +1,8 @@
 """Sweeps: run a parameterized notebook once per configuration of a grid, resumably.
 
-The spec, the ledger, the engine and its executors (local slots, Slurm). Modules here may import
-``perfkit.core`` and ``perfkit.run`` only: the engine knows notebooks and parameters, not what
-they measure.
+The spec, the ledger, the engine and where it runs (``executors.py``: local slots, Slurm, Ray).
+Modules here may import ``perfkit.core`` and ``perfkit.run`` only: the engine knows notebooks and
+parameters, not what they measure.
 
 Python API (the same as ``perfkit sweep SPEC.yaml --out DIR``)::
 

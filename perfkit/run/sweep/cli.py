@@ -61,6 +61,19 @@ def add_executor_arguments(p) -> None:
                         "spec's devices_per_config on a cluster that has GPUs")
 
 
+def executor_from_args(args):
+    """The :class:`~perfkit.run.sweep.executors.Executor` that :func:`add_executor_arguments`' flags
+    (and ``--workers``/``--prestart`` where the command has them) name; a flag of another executor
+    is bad input."""
+    from .executors import Executor
+
+    slurm, ray = slurm_options(args), ray_options(args)
+    if slurm is not None or ray is not None:
+        return Executor(args.executor, slurm if slurm is not None else ray)
+    prestart = {"auto": None, "on": True, "off": False}[getattr(args, "prestart", "auto")]
+    return Executor("local", workers=getattr(args, "workers", 1), prestart=prestart)
+
+
 def ray_options(args) -> dict | None:
     """The Ray executor's keyword arguments from the ``--ray-*`` flags; None for another executor
     (where a Ray flag is bad input)."""
@@ -103,7 +116,7 @@ def _params_text(params: dict) -> str:
 
 def _cmd_sweep(args) -> int:
     from ...core.status import FINISHED
-    from . import expand, load_spec, plan, run_sweep
+    from . import expand, load_spec, plan
     from .engine import should_run
 
     if args.workers < 1:
@@ -125,20 +138,8 @@ def _cmd_sweep(args) -> int:
         print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
               f"({', '.join(sorted(FINISHED))} are not re-run)")
         return 0
-    slurm, ray = slurm_options(args), ray_options(args)
-    if ray is not None:
-        from .ray_executor import run_ray_sweep
-
-        result = run_ray_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet, **ray)
-    elif slurm is not None:
-        from .slurm import run_slurm_sweep
-
-        result = run_slurm_sweep(spec, configs, out, retry_failed=args.retry_failed, progress=not args.quiet,
-                                 **slurm)
-    else:
-        result = run_sweep(spec, out, workers=args.workers, retry_failed=args.retry_failed,
-                           progress=False if args.quiet else None,
-                           prestart={"auto": None, "on": True, "off": False}[args.prestart])
+    result = executor_from_args(args).run(spec, out, retry_failed=args.retry_failed,
+                                          progress=False if args.quiet else None)
     _summary(result)
     return result.exit_code
 
