@@ -7,6 +7,7 @@ from torch's extensions cache in well under a second.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pandas as pd
@@ -173,22 +174,46 @@ def test_cpp_kernels_compute_stream_semantics(ext, dtype, threads):
 
 def test_cpp_kernels_reject_mismatched_tensors(ext):
     x = torch.zeros(64, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="elements"):
+    with pytest.raises(ValueError, match="elements"):
         ext.triad(x, x, torch.zeros(32, dtype=torch.float64), 3.0, 1, 1)
-    with pytest.raises(RuntimeError, match="contiguous"):
+    with pytest.raises(ValueError, match="contiguous"):
         ext.triad(torch.zeros(128, dtype=torch.float64)[::2], x, x, 3.0, 1, 1)
-    with pytest.raises(RuntimeError, match="dtype"):
+    with pytest.raises(ValueError, match="dtype"):
         ext.triad(x, x.float(), x, 3.0, 1, 1)
+    with pytest.raises(ValueError, match="float64 and float32"):
+        ext.triad(*(torch.zeros(64, dtype=torch.int32),) * 3, 3.0, 1, 1)
+    with pytest.raises(ValueError, match="reps"):
+        ext.triad(x, x, x, 3.0, 0, 1)
 
 
-def test_a_failed_build_raises_and_never_falls_back_to_torch_ops(monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
+def test_the_kernels_are_built_once_per_cpu_and_source_and_kept(tmp_path, monkeypatch):
+    # A fresh cache: the first load compiles (with $CC), the next process only loads what it left.
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CC", raising=False)
+    built = stream.load_stream_extension.__wrapped__()
+    (kept,) = (tmp_path / "cache" / "kernels").iterdir()
+    assert kept == built.path and kept.suffix == ".so" and stream._host_tag() in kept.name
+    # The same compiler name, now one that fails: a rebuild would raise, so the kept library is loaded.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "cc").symlink_to("/bin/false")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    again = stream.load_stream_extension.__wrapped__()
+    assert again.path == kept and again.max_threads() >= 1
 
-    def broken(**kwargs):
-        raise RuntimeError("Error building extension 'perfkit_stream_kernels': no OpenMP")
 
-    monkeypatch.setattr(cpp_extension, "load", broken)
+def test_a_failed_build_raises_and_never_falls_back_to_torch_ops(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "cache"))  # nothing built yet
+    broken = tmp_path / "cc"
+    # It writes part of its output (the last argument) before failing, as a compiler or linker may.
+    broken.write_text('#!/bin/sh\nfor a; do out="$a"; done\necho partial > "$out"\n'
+                      "echo 'error: unsupported option -fopenmp (no OpenMP)' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
     with pytest.raises(stream.ExtensionBuildError, match="no OpenMP"):
+        stream.load_stream_extension.__wrapped__()
+    assert not list((tmp_path / "cache" / "kernels").iterdir())  # no partial library is left
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(stream.ExtensionBuildError, match="no C compiler"):
         stream.load_stream_extension.__wrapped__()
 
     def unbuildable():

@@ -220,7 +220,7 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
     on_cpu = _kind(device) == "cpu"
     found = caches(device, int(triad["threads"].iloc[0]))
     levels = detect_levels(triad, cache_sizes=found.sizes_bytes, memory_name="DRAM" if on_cpu else "HBM")
-    how = "C++ OpenMP STREAM triad" if triad["backend"].iloc[0] == "cpp" else "torch-op STREAM triad"
+    how = "C OpenMP STREAM triad" if triad["backend"].iloc[0] == "cpp" else "torch-op STREAM triad"
     # Why there is no DRAM/HBM row (or why levels are numbered) travels with the rows there are.
     note = levels.attrs.get("note")
     note = f"{found.source}; {note}" if note and not found.known else note

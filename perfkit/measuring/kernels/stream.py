@@ -1,9 +1,9 @@
 """Memory bandwidth: STREAM kernels over working sets from KiB to well past the caches (8× and more).
 
-STREAM is McCalpin's (https://www.cs.virginia.edu/stream/). On CPU the kernels are C++ with
-OpenMP (``csrc/stream_kernels.cpp``, built at first use): a torch-op triad reaches ~60% of what a
-C STREAM triad reaches on a 2-core Xeon, and the roof must be the machine's, not torch's. On
-GPUs they are torch ops.
+STREAM is McCalpin's (https://www.cs.virginia.edu/stream/). On CPU the kernels are C with
+OpenMP (``csrc/stream_kernels.c``, compiled at first use on a CPU model, called through ctypes): a
+torch-op triad reaches ~60% of what a C STREAM triad reaches on a 2-core Xeon, and the roof must be
+the machine's, not torch's. On GPUs they are torch ops.
 
 Bytes follow stream.c's convention: reads + writes, no write-allocate traffic; per element copy
 and scale move 2 words, add and triad 3. ``working_set_bytes`` is the size of all arrays the
@@ -15,11 +15,13 @@ sweep goes one octave (full: two) past that. The plateaus of the curve become me
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import math
 import os
 import platform
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from perfkit.core.progress import progress
 from perfkit.core.timing import measure
 
 __all__ = ["STREAM_KERNELS", "ExtensionBuildError", "load_stream_extension", "measure_bandwidth_curve",
-           "caches", "free_memory_bytes"]
+           "StreamKernels", "caches", "free_memory_bytes"]
 
 #: Words moved per element (stream.c's ``bytes[]``: 2, 2, 3, 3 × sizeof(STREAM_TYPE)); also the
 #: number of arrays each kernel touches.
@@ -42,7 +44,7 @@ _SCALAR = 3.0  # stream.c's scalar
 
 
 class ExtensionBuildError(PerfkitError):
-    """The C++ STREAM extension could not be built (no compiler, no OpenMP); nothing was measured."""
+    """The C STREAM kernels could not be built (no compiler, no OpenMP); nothing was measured."""
 
     def __init__(self, message: str):
         self.message = message
@@ -74,19 +76,110 @@ def _wide_vectors() -> list[str]:
     return ["-mprefer-vector-width=512"] if avx512 and platform.machine() in {"x86_64", "AMD64"} else []
 
 
-@functools.lru_cache(maxsize=1)
-def load_stream_extension(verbose: bool = False):
-    """Build (first use; ~25 s on 2 cores) or load the C++ STREAM kernels, cached in torch's
-    extensions directory under a name that carries this CPU's tag."""
-    from torch.utils.cpp_extension import load
+#: The C compiler (``$CC``, else ``cc``) and its flags for the STREAM kernels. gnu11, not c11: ISO
+#: mode turns off the contraction of ``b + s * c`` into one FMA. Loops aligned to 64 bytes: the same
+#: machine code unaligned ran an L1-sized triad 15 % slower on 2 threads (AMD EPYC, gcc 12; the
+#: torch extension these kernels replaced happened to be aligned), and the L1 roof must be the core's.
+_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-falign-loops=64", "-shared", "-fPIC")
 
-    source = Path(__file__).with_name("csrc") / "stream_kernels.cpp"
+
+def _kernels_cache_dir() -> Path:
+    """Where built kernels are kept: ``$PERFKIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/perfkit`` (``~/.cache``)."""
+    root = os.environ.get("PERFKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "perfkit")
+    return Path(root) / "kernels"
+
+
+def _build(source: Path, compiler: str, flags: list[str]) -> Path:
+    """The shared library of ``source`` for this CPU, compiled once (about a second) and kept under
+    a name that carries the CPU's tag and a hash of the source and flags; written to a private
+    name, then renamed, so that processes building at once never load a half-written file."""
+    digest = hashlib.sha1(source.read_bytes() + "\0".join([compiler, *flags]).encode()).hexdigest()[:10]
+    target = _kernels_cache_dir() / f"{source.stem}-{_host_tag()}-{digest}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
-        return load(name=f"perfkit_stream_kernels_{_host_tag()}", sources=[str(source)], verbose=verbose,
-                    extra_cflags=["-O3", "-march=native", "-fopenmp", *_wide_vectors()],
-                    extra_ldflags=["-fopenmp"])
-    except (RuntimeError, OSError, ImportError) as exc:
-        raise ExtensionBuildError(str(exc).strip() or repr(exc)) from exc
+        done = subprocess.run([compiler, *flags, str(source), "-o", str(partial)], capture_output=True, text=True,
+                              timeout=300)
+    except FileNotFoundError:
+        raise ExtensionBuildError(f"no C compiler {compiler!r} on PATH (install gcc, or set CC)") from None
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        said = (done.stderr or done.stdout).strip()[-2000:]
+        raise ExtensionBuildError(f"{compiler} {' '.join(flags)} {source.name} exited {done.returncode}: {said}")
+    os.replace(partial, target)
+    return target
+
+
+class StreamKernels:
+    """The OpenMP STREAM kernels of ``csrc/stream_kernels.c`` on CPU tensors: ``copy``, ``scale``,
+    ``add``, ``triad`` (each ``(a, b, c, scalar, reps, threads)``, ``threads`` 0 for OpenMP's
+    default), ``first_touch(x, value, threads)`` and ``max_threads()``. Tensors are checked here
+    (CPU, contiguous, one dtype, float64 or float32, equal sizes); ctypes releases the GIL while a
+    kernel runs."""
+
+    _OPS = {"copy": 0, "scale": 1, "add": 2, "triad": 3}
+
+    def __init__(self, library: Path):
+        lib = ctypes.CDLL(str(library))
+        p, i64, c_int, dbl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+        lib.perfkit_stream.argtypes = [c_int, c_int, p, p, p, dbl, i64, i64, c_int]
+        lib.perfkit_first_touch.argtypes = [c_int, p, dbl, i64, c_int]
+        lib.perfkit_stream.restype = lib.perfkit_first_touch.restype = lib.perfkit_max_threads.restype = c_int
+        self._lib = lib
+        self.path = library
+        for name, op in self._OPS.items():
+            setattr(self, name, functools.partial(self._stream, op))
+
+    @staticmethod
+    def _code(x, name: str, like=None) -> int:
+        import torch
+
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got one on {x.device}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if like is not None and x.dtype != like.dtype:
+            raise ValueError(f"{name} has dtype {x.dtype}, expected {like.dtype}")
+        if like is not None and x.numel() != like.numel():
+            raise ValueError(f"{name} has {x.numel()} elements, expected {like.numel()}")
+        code = {torch.float64: 0, torch.float32: 1}.get(x.dtype)
+        if code is None:
+            raise ValueError(f"STREAM kernels support float64 and float32, got {x.dtype}")
+        return code
+
+    def _stream(self, op: int, a, b, c, scalar: float, reps: int, threads: int) -> None:
+        code = self._code(a, "a")
+        self._code(b, "b", a)
+        self._code(c, "c", a)
+        if reps < 1:
+            raise ValueError(f"reps must be >= 1, got {reps}")
+        self._lib.perfkit_stream(op, code, a.data_ptr(), b.data_ptr(), c.data_ptr(), scalar, a.numel(), reps,
+                                 threads)
+
+    def first_touch(self, x, value: float, threads: int) -> None:
+        self._lib.perfkit_first_touch(self._code(x, "x"), x.data_ptr(), value, x.numel(), threads)
+
+    def max_threads(self) -> int:
+        return self._lib.perfkit_max_threads()
+
+
+@functools.lru_cache(maxsize=1)
+def load_stream_extension(verbose: bool = False) -> StreamKernels:
+    """Build (first use on a CPU model: about a second) or load the C STREAM kernels, cached under
+    :func:`_kernels_cache_dir` for this CPU's tag. ``verbose``: print the compile command."""
+    source = Path(__file__).with_name("csrc") / "stream_kernels.c"
+    compiler = os.environ.get("CC") or "cc"
+    flags = [*_CFLAGS, *_wide_vectors()]
+    if verbose:
+        print(f"perfkit: {compiler} {' '.join(flags)} {source}")
+    library = _build(source, compiler, flags)
+    try:
+        return StreamKernels(library)
+    except OSError as exc:  # a library that does not load (a broken cache file: remove it, build again)
+        raise ExtensionBuildError(f"{library} does not load: {exc} (delete it to build again)") from exc
 
 
 def _torch_kernels():
@@ -119,8 +212,9 @@ def measure_bandwidth_curve(device: str = "cpu", *, quick: bool = True,
                             min_run_time_s: float | None = None) -> pd.DataFrame:
     """Bandwidth of STREAM kernels per working set: one row per (kernel, working set).
 
-    ``backend``: ``cpp`` (the OpenMP kernels; CPU), ``torch`` (torch ops) or ``auto`` (``cpp``
-    on CPU, ``torch`` on GPUs). There is no fallback: a failed build raises
+    ``backend``: ``cpp`` (the compiled OpenMP kernels, C since they stopped being C++; the rows keep
+    the name; CPU), ``torch`` (torch ops) or ``auto`` (``cpp`` on CPU, ``torch`` on GPUs). There
+    is no fallback: a failed build raises
     :class:`ExtensionBuildError` rather than report torch's bandwidth as the machine's.
     Defaults: quick sweeps triad only, 2 points per octave from 16 KiB to one octave past 8× the
     caches the OS reports (:func:`perfkit.core.caches.sweep_top_bytes`: where a working set is
