@@ -68,6 +68,7 @@ def test_a_value_the_notebook_would_refuse_exits_2_before_a_kernel_starts(tmp_pa
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_with_one_bad_configuration_exits_2_before_any_runs(tmp_path):
     spec = tmp_path / "s.yaml"
     # world_size 2 alone is no configuration (parallelism 'none' needs 1): fixed parameters are

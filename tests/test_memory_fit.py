@@ -190,6 +190,7 @@ def test_memory_breakdown_needs_three_warm_up_steps_and_an_unmodelled_config_say
         memory_fit.predict(cfg)
 
 
+@pytest.mark.slow
 def test_the_largest_batch_is_solved_from_two_points_then_confirmed_by_fake_steps():
     cfg = TrainConfig(model="transformer", parallelism="zero3", world_size=2, batch_size=8, seq_len=32)
     base, one_more = memory_fit.predict(cfg), memory_fit.predict(memory_fit.one_more_per_rank(cfg))
@@ -206,6 +207,7 @@ def test_the_largest_batch_is_solved_from_two_points_then_confirmed_by_fake_step
     assert memory_fit.largest_batch(cfg, base, base.peak_bytes - 4 * per_sample, one_more=one_more) == (None, None)
 
 
+@pytest.mark.slow
 def test_perfkit_fit_against_a_known_device_an_unknown_one_and_a_tiny_budget(capsys, tmp_path):
     common = ["fit", "transformer", "--batch", "16", "--parallelism", "zero3", "--world-size", "2"]
     out = tmp_path / "fit.json"

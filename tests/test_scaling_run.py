@@ -73,6 +73,7 @@ def test_bad_configurations_are_refused(kwargs, words):
         ScalingConfig(**kwargs)
 
 
+@pytest.mark.slow  # the perfkit sweep command (a process) refusing bad values
 def test_a_sweep_checks_the_scaling_notebooks_values_before_any_kernel(tmp_path):
     # notebooks/scaling.ipynb's perfkit.check: its own parameter names through the same
     # config_from_params its kernel builds with; a bad value exits 2 with one line, nothing written.

@@ -344,6 +344,7 @@ def test_an_ab_sweep_runs_each_variant_and_round_as_its_own_task(cluster, tmp_pa
 SLEEP = Path(__file__).parent / "notebooks" / "sleep.ipynb"
 
 
+@pytest.mark.slow
 def test_advise_verify_runs_its_experiment_as_a_slurm_job_array(cluster, tmp_path):
     """Issue 29: ``perfkit advise DIR --verify --executor slurm``: the experiment (a configuration
     as it ran, current against advised) runs as a job array and is judged as a local one is."""

@@ -145,6 +145,7 @@ def test_the_length_crc_guards_the_framing(stored):
         datasets.reader(stored, SPEC).read_raw(3)
 
 
+@pytest.mark.slow  # a kernel and loader workers (perfkit run)
 def test_a_corrupt_shard_fails_the_configuration_with_where_it_is(tmp_path):
 
     cache = tmp_path / "cache"

@@ -414,6 +414,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_fsdp_prefetch_makes_each_block_gather_that_many_ahead_in_forward_and_backward():
     import subprocess
     import sys
