@@ -420,8 +420,8 @@ def _no_op_kernels(monkeypatch):
         def first_touch(self, x, v, threads):
             pass
 
-        def triad(self, a, b, c, s, reps, threads):
-            pass
+        def bind(self, kernel, a, b, c, s, reps, threads):
+            return lambda: None
 
     monkeypatch.setattr(stream, "load_stream_extension", lambda: Ext())
     monkeypatch.setattr(stream, "free_memory_bytes", lambda device: 64 << 30)
