@@ -199,30 +199,21 @@ def _end(token: str, procs: list[subprocess.Popen]) -> None:
               file=sys.stderr)
 
 
-def _settle_by(work_dir, nproc, now, deadline, failure_grace_s, done_grace_s) -> float | None:
-    """When the launch ends once its outcome is known: a rank reported an error or every rank
-    reported; None while neither is true."""
-    reports = rank_reports(work_dir, nproc)
-    if any(r is not None and not r.get("ok") for r in reports):
-        return min(now + failure_grace_s, deadline)
-    if all(r is not None for r in reports):
-        return min(now + done_grace_s, deadline)
-    return None
-
-
-def _ranks_settle_by(work_dir, nproc, codes, now, deadline) -> float | None:
-    """:func:`_settle_by` for ranks started here, whose exit codes are seen as they come: a rank's
-    own error or a rank ended without a report settles within :data:`_PEERS_GRACE_S`; peers that
-    report only the loss of a rank wait up to :data:`_PEER_LOSS_GRACE_S` for that rank to end."""
+def _settle_by(work_dir, nproc, now, deadline, *, failure_grace_s, peer_loss_grace_s, done_grace_s,
+               codes=None) -> float | None:
+    """When the launch ends, once its outcome is known; None while it is not. A rank's own error, or
+    a rank that ended without a report (``codes``: the exit codes seen so far, where the launcher
+    sees them), gives the others ``failure_grace_s``; errors that only report a lost peer give that
+    peer ``peer_loss_grace_s`` to be seen ending; every rank reported, ``done_grace_s``."""
     reports = rank_reports(work_dir, nproc)
     errors = [r for r in reports if r is not None and not r.get("ok")]
-    silent = any(code != 0 and reports[i] is None for i, (_, code) in codes.items())
+    silent = any(code != 0 and reports[i] is None for i, (_, code) in (codes or {}).items())
     if silent or any(not is_peer_loss(r) for r in errors):
-        return min(now + _PEERS_GRACE_S, deadline)
+        return min(now + failure_grace_s, deadline)
     if errors:
-        return min(now + _PEER_LOSS_GRACE_S, deadline)
+        return min(now + peer_loss_grace_s, deadline)
     if all(r is not None for r in reports):
-        return min(now + _DONE_GRACE_S, deadline)
+        return min(now + done_grace_s, deadline)
     return None
 
 
@@ -240,7 +231,8 @@ def _supervise_torchrun(command, child_env, token, work_dir, nproc, timeout_s, d
         while proc.poll() is None:
             now = time.monotonic()
             if settle_by is None:
-                settle_by = _settle_by(work_dir, nproc, now, deadline, _TEARDOWN_GRACE_S, done_grace_s)
+                settle_by = _settle_by(work_dir, nproc, now, deadline, failure_grace_s=_TEARDOWN_GRACE_S,
+                                       peer_loss_grace_s=_TEARDOWN_GRACE_S, done_grace_s=done_grace_s)
             if now >= (settle_by if settle_by is not None else deadline):
                 timed_out = settle_by is None
                 break
@@ -307,9 +299,11 @@ def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
                 if local_rank not in codes and proc.poll() is not None:
                     codes[local_rank] = (local_rank, proc.returncode)
             now = time.monotonic()
-            known_by = _ranks_settle_by(work_dir, nproc, codes, now, deadline)
-            if known_by is not None:
-                settle_by = known_by if settle_by is None else min(settle_by, known_by)
+            if settle_by is None or settle_by - now > _PEERS_GRACE_S:  # else nothing can bring it closer
+                known_by = _settle_by(work_dir, nproc, now, deadline, failure_grace_s=_PEERS_GRACE_S,
+                                      peer_loss_grace_s=_PEER_LOSS_GRACE_S, done_grace_s=_DONE_GRACE_S, codes=codes)
+                if known_by is not None:
+                    settle_by = known_by if settle_by is None else min(settle_by, known_by)
             if now >= (settle_by if settle_by is not None else deadline):
                 timed_out = settle_by is None
                 break
