@@ -25,16 +25,18 @@ __all__ = ["SweepPart", "SweepSpec", "Config", "SweepResult", "load_spec", "expa
 
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, workers: int = 1, retry_failed: bool = False,
-              progress: bool | None = None, prestart: bool | None = None) -> SweepResult:
+              progress: bool | None = None, prestart: bool | None = None,
+              configs: list[Config] | None = None) -> SweepResult:
     """Validate ``spec`` (a SweepSpec or a YAML path), then run what is not done into ``out_dir``.
 
     ``progress``: a tqdm bar with counts by status and an ETA; by default only on a terminal.
+    ``configs``: ``expand(spec)``, where the caller has expanded it already.
     """
     from tqdm.auto import tqdm
 
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec)
-    configs = expand(spec)
+    configs = expand(spec) if configs is None else configs
     show = sys.stderr.isatty() if progress is None else progress
     bar = None
     counts: dict[str, int] = {}

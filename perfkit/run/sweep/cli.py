@@ -138,7 +138,7 @@ def _cmd_sweep(args) -> int:
         print(f"{len(rows)} configurations, {todo} to run, {len(rows) - todo} finished "
               f"({', '.join(sorted(FINISHED))} are not re-run)")
         return 0
-    result = executor_from_args(args).run(spec, out, retry_failed=args.retry_failed,
+    result = executor_from_args(args).run(spec, out, configs=configs, retry_failed=args.retry_failed,
                                           progress=False if args.quiet else None)
     _summary(result)
     return result.exit_code

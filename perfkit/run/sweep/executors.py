@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine import SweepResult
-from .spec import SweepSpec, expand
+from .spec import Config, SweepSpec, expand
 
 __all__ = ["Executor", "EXECUTORS"]
 
@@ -37,20 +37,22 @@ class Executor:
         if self.kind == "local" and self.options:
             raise ValueError(f"the local executor takes no {', '.join(self.options)} (workers and prestart only)")
 
-    def run(self, spec: SweepSpec, out: str | Path, *, retry_failed: bool = False,
-            progress: bool | None = None) -> SweepResult:
-        """Run what is not done of ``spec`` into ``out``. ``progress``: None prints it where it can be
-        seen (a bar on a terminal for the local executor; the cluster drivers' status lines)."""
+    def run(self, spec: SweepSpec, out: str | Path, *, configs: list[Config] | None = None,
+            retry_failed: bool = False, progress: bool | None = None) -> SweepResult:
+        """Run what is not done of ``spec`` into ``out``. ``configs``: ``expand(spec)`` where the
+        caller has it already (expanding reads every notebook). ``progress``: None prints it where it
+        can be seen (a bar on a terminal for the local executor; the cluster drivers' status lines)."""
         if self.kind == "local":
             from . import run_sweep
 
             return run_sweep(spec, out, workers=self.workers, retry_failed=retry_failed, progress=progress,
-                             prestart=self.prestart)
+                             prestart=self.prestart, configs=configs)
         shown = True if progress is None else progress
+        configs = expand(spec) if configs is None else configs
         if self.kind == "slurm":
             from .slurm import run_slurm_sweep
 
-            return run_slurm_sweep(spec, expand(spec), out, retry_failed=retry_failed, progress=shown, **self.options)
+            return run_slurm_sweep(spec, configs, out, retry_failed=retry_failed, progress=shown, **self.options)
         from .ray_executor import run_ray_sweep
 
-        return run_ray_sweep(spec, expand(spec), out, retry_failed=retry_failed, progress=shown, **self.options)
+        return run_ray_sweep(spec, configs, out, retry_failed=retry_failed, progress=shown, **self.options)
