@@ -62,7 +62,8 @@ demo: venv
 # Rows that notebooks record when run by nbval go to a temp dir, not into the tree.
 # Much of the suite waits on kernels, torchrun ranks and Slurm, so it runs on TEST_WORKERS
 # pytest-xdist workers; --dist loadscope keeps each notebook's cells (and each test file) on one
-# worker, in order.
+# worker, in order, and --no-loadscope-reorder hands the files out in the order the suite puts
+# them (the longest first: tests/conftest.py LONGEST_MODULES) instead of by their number of tests.
 TEST_WORKERS ?= 4
 # perfkit's own modules byte-compiled first, on every core (a second run only checks timestamps),
 # rather than by the first of the workers' processes that import each.
@@ -70,7 +71,8 @@ COMPILE_OWN = $(PY) -m compileall -q -j 0 perfkit tests >/dev/null
 test: venv browser
 	@$(COMPILE_OWN)
 	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
-	  --nbval-lax --nbval-current-env -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) --dist loadscope
+	  --nbval-lax --nbval-current-env -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) --dist loadscope \
+	  --no-loadscope-reorder
 
 # The inner loop: no kernels, no ranks, no Slurm, no browser (those are marked slow), in ~2 minutes.
 test-fast: venv

@@ -38,18 +38,20 @@ def _children() -> set[int]:
     return out
 
 
-# Loading costs 20 ms per sample of storage latency (a sleep: no CPU), batch 2, a 32 ms step (a
-# sleep too): one worker makes a batch in 40 ms, too slow for the step (80 % of two workers'
-# throughput, under the 95 % the recommendation asks); two make one every 20 ms, 37 % headroom.
-# Ideal shares: 0.56, 0.2 and 0. Few long sleeps rather than many short ones: on cores shared with
+# Loading costs 24 ms per sample of storage latency (a sleep: no CPU), batch 2, a 32 ms step (a
+# sleep too): one worker makes a batch in 48 ms, far too slow for the step (67 % of two workers'
+# throughput, under the 95 % the recommendation asks); two make one every 24 ms, 25 % headroom.
+# Ideal shares: 0.6, 0.33 and 0. Few long sleeps rather than many short ones: on cores shared with
 # other jobs each wake-up may start a scheduler slice late, and that lateness, not the sleep, is
 # the error. (5 ms x 4 samples for a 16 ms step let two workers wait 28 % of each step in a CI run
-# beside the suite's three workers; 2 x 20 ms halves the wake-ups per batch and doubles the slack.)
+# beside the suite's three workers; 2 x 20 ms halves the wake-ups per batch and doubles the slack.
+# At 20 ms one worker reached 80 % of two in theory, and once, its run quieter than the two
+# workers' run a few seconds later, the 95 % the recommendation asks: 24 ms leaves it 67 %.)
 # Two workers still wait a little on a loaded machine, the batch's hand-over needing that worker
 # scheduled, so the verdict is taken at a 25 % threshold here; the 5 % default is checked on its
 # own below. (The issue's CPU decode of 4 ms at the 2-core edge, where two workers exactly match
 # the step, is an acceptance run reported with the machine's load.)
-_SWEEP = dict(format="files", n_samples=128, fetch_delay_s=0.02, batch_size=2, step_compute_s=0.032,
+_SWEEP = dict(format="files", n_samples=128, fetch_delay_s=0.024, batch_size=2, step_compute_s=0.032,
               steps=26, warmup_steps=4, loader_batches=8, device="cpu", input_bound_threshold=0.25)
 
 
@@ -70,10 +72,11 @@ def test_zero_workers_is_input_bound_two_workers_is_not_and_the_recommendation_n
     by = df.set_index("num_workers")
     assert by.loc[0, "bound"] == "input-bound" and by.loc[2, "bound"] == "compute-bound", \
         by[["data_wait_share", "bound"]]
-    # Ideal 72 ms vs 32 ms per step (2.25x); 1.5x leaves room for a loaded machine.
+    # Ideal 80 ms vs 32 ms per step (2.5x); 1.5x leaves room for a loaded machine.
     assert by.loc[2, "step_samples_per_s"] >= 1.5 * by.loc[0, "step_samples_per_s"]
     rec = analysis.recommend(df)
-    assert len(rec) == 1 and rec.loc[0, "recommended_num_workers"] == 2
+    assert len(rec) == 1 and rec.loc[0, "recommended_num_workers"] == 2, \
+        by[["step_samples_per_s", "data_wait_share", "bound"]]
     # The share is the per-step wait over the per-step wall time, its samples kept.
     for _, row in df.iterrows():
         shares = analysis.wait_shares(row["data_wait_samples_s"], row["step_time_samples_s"])

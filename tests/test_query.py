@@ -11,7 +11,7 @@ import pytest
 
 import perfkit
 from perfkit.cli import main
-from perfkit.core import results, results_scan
+from perfkit.core import results
 from perfkit.core.errors import BadInputError
 from perfkit.core.results import RunContext, record, write_rows
 

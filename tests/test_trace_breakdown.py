@@ -50,13 +50,18 @@ def _paths(name: str) -> list[str]:
     return [str(p) for p in paths]
 
 
+def _hta_ready() -> None:
+    """HTA importable (else the test skips) and quiet."""
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis (dev extra) is the reference")
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="hta")
+
+
 def _hta(paths: list[str]):
-    hta = pytest.importorskip("hta", reason="HolisticTraceAnalysis (dev extra) is the reference")
+    _hta_ready()
     from hta.common.trace_file import create_rank_to_trace_dict
     from hta.trace_analysis import TraceAnalysis
 
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="hta")
     ok, files = create_rank_to_trace_dict(paths)  # HTA's own rank detection
     assert ok, paths
     return TraceAnalysis(trace_files=files, trace_dir="/")
@@ -234,7 +239,7 @@ def test_step_window_equals_hta_iteration_filter():
 @pytest.mark.slow
 def test_trace_diff_equals_hta_compare_traces():
     control_path, test_path = _paths("trace_diff_control")[0], _paths("trace_diff_test")[0]
-    _hta([control_path])
+    _hta_ready()
     from hta.common.trace import Trace
     from hta.trace_diff import LabeledTrace, TraceDiff
 

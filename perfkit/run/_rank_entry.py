@@ -60,6 +60,12 @@ def _init_process_group(backend: str, device: str, timeout_s: float) -> None:
     if device == "cuda":  # also ROCm: HIP devices are "cuda" in torch, RCCL is "nccl"
         torch.cuda.set_device(local_rank)
         kwargs["device_id"] = torch.device("cuda", local_rank)
+    # Every rank waits at the store until all have built their process group before any runs its
+    # target (torch's own store-based barrier, off by default since torch 2.3). Without it a rank
+    # whose target needs no collective can finish and exit while a peer is still completing
+    # gloo's connectFullMesh handshake with it, and that peer fails with "Connection closed by
+    # peer": 3 launches in 108 under load here (4 concurrent launchers on 2 cores), 0 in 120 with it.
+    os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     dist.init_process_group(**kwargs)
 
 

@@ -134,6 +134,11 @@ def _format_error(report: dict) -> str:
 
 
 def outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, wall_time_s) -> LaunchResult:
+    """How a launch of ``nproc`` local ranks ended, from what they left in ``work_dir`` (each
+    rank's report and log), the exit ``codes`` seen, ``launcher_log`` (torchrun's, or '') and
+    whether the deadline ``timeout_s`` passed (``timed_out``): ok; the root cause's status and
+    traceback with the rank that raised it; timeout naming the ranks that never reported; or
+    killed with the exit code and log tail of a rank that died without a report."""
     reports = rank_reports(work_dir, nproc)
     results = tuple(r["result"] if r and r.get("ok") else None for r in reports)
     logs = tuple(read_text(os.path.join(work_dir, f"local{i}.log")) for i in range(nproc))

@@ -55,24 +55,26 @@ def _kind(device: str) -> str:
     return device.split(":")[0]
 
 
+def _first_cpu() -> str:
+    """The first processor's block of ``/proc/cpuinfo`` ('' where there is none)."""
+    try:
+        return Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        return ""
+
+
 def _host_tag() -> str:
     """Short hash of the CPU model and ISA flags: ``-march=native`` code must not be loaded
     from a shared extensions cache by a different CPU (it could die on an illegal instruction)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
-    except OSError:
-        text = ""
-    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in {"model name", "flags", "Features"}]
+    keep = [line for line in _first_cpu().splitlines()
+            if line.split(":")[0].strip() in {"model name", "flags", "Features"}]
     return hashlib.sha1("\n".join(keep or [platform.processor(), platform.machine()]).encode()).hexdigest()[:10]
 
 
 def _wide_vectors() -> list[str]:
     """GCC prefers 256-bit vectors even where AVX-512 exists; an L1 plateau needs the full
     width (2 loads + 1 store of 64 B per cycle on Intel server cores), so ask for it there."""
-    try:
-        avx512 = " avx512f " in Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].replace("\n", " ") + " "
-    except OSError:
-        avx512 = False
+    avx512 = " avx512f " in _first_cpu().replace("\n", " ") + " "
     return ["-mprefer-vector-width=512"] if avx512 and platform.machine() in {"x86_64", "AMD64"} else []
 
 
