@@ -158,7 +158,7 @@ class _Tree:
         self.namespaces = {".".join([root.name, *d.relative_to(root).parts]) for d in root.rglob("*")
                            if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists()}
         self.texts = {mod: path.read_text() for mod, path in self.modules.items()}
-        self.trees = {mod: _parse(text, str(path)) for (mod, text), path in zip(self.texts.items(), self.modules.values())}
+        self.trees = {mod: _parse(self.texts[mod], str(path)) for mod, path in self.modules.items()}
         self._names: dict[str, set[str] | None] = {}
         self._imports: dict[tuple[str, bool], list[Import]] = {}
 
@@ -301,7 +301,7 @@ def foreign_imports(root: Path = PACKAGE, never: dict[str, frozenset[str]] = NEV
     for mod, path in tree.modules.items():
         keys = [k for k in never if _under(_rel(tree, mod), k)]
         banned = frozenset().union(*(never[k] for k in keys))
-        lines = path.read_text().splitlines()
+        lines = tree.texts[mod].splitlines()
         for node in ast.walk(tree.trees[mod]):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

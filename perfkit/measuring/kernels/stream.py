@@ -55,8 +55,9 @@ def _kind(device: str) -> str:
     return device.split(":")[0]
 
 
+@functools.lru_cache(maxsize=1)
 def _first_cpu() -> str:
-    """The first processor's block of ``/proc/cpuinfo`` ('' where there is none)."""
+    """The first processor's block of ``/proc/cpuinfo`` ('' where there is none), read once."""
     try:
         return Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
     except OSError:
