@@ -402,19 +402,25 @@ def test_measured_bubble_is_the_predicted_value_when_compute_dominates(delayed_r
     (1−π)·o/(t+o) exactly. BAND = 0.08 holds it at the smallest π (1/17) for o up to 9.3 ms a slot.
     Measured: o = 0.8–2.8 ms at load 4–5 on 2 cores, but 7.5 ms in a CI run beside another xdist
     worker (gap +0.089 at π = 0.2 with the 30 ms sleep this test had: that sleep held o to 5.6 ms).
-    The schedule's part is the prediction within LOW (measured: within 0.008)."""
+    The schedule's part is the prediction within LOW (measured: within 0.008). A busier host
+    (o = 11 ms a slot in a CI run: GPipe m = 8 measured 0.199 against 0.111) is not the schedule's
+    doing, and the row says so (`bubble_fraction_reason`): the band is asserted on every row that
+    calls its bubble the schedule's, and the rows where the prediction is large must call it so."""
     for (schedule, m), row in sorted(delayed_rows.items()):
         predicted, sched, over = (row[c] for c in ("bubble_fraction_predicted", "bubble_schedule_fraction",
                                                     "bubble_overhead_fraction"))
-        assert predicted - LOW <= row["bubble_fraction"] <= predicted + BAND, (schedule, m, row["bubble_fraction"])
-        # The split: the schedule's part is the prediction, the rest is overhead.
+        measured = row["bubble_fraction"]
+        # The split: the schedule's part is the prediction, the rest is overhead (never negative).
         assert sched == pytest.approx(predicted, abs=LOW), (schedule, m)
-        assert 0 <= over <= BAND and sched + over == pytest.approx(row["bubble_fraction"]), (schedule, m)
+        assert over >= 0 and sched + over == pytest.approx(measured), (schedule, m)
+        assert measured >= predicted - LOW, (schedule, m, measured)
         assert row["microbatch_compute_s"] >= 2 * DELAYED["stage_delay_s"]  # a stage: F + B
         # The reason follows the rule; where the prediction is large (≥ 0.2: o/t up to 0.1 passes)
         # the delay makes the bubble the schedule's. At v·m = 16 (0.06) a 3 ms overhead already
         # fails the rule (17·o > t/2) and the row says so (at 30 ms: 0.088 measured against 0.059).
         assert (row["bubble_fraction_reason"] is None) == (over <= pb.OVERHEAD_LIMIT * sched), (schedule, m)
+        if row["bubble_fraction_reason"] is None:
+            assert measured <= predicted + BAND and over <= BAND, (schedule, m, measured)
         if predicted >= 0.2:
             assert row["bubble_fraction_reason"] is None, (schedule, m, row["bubble_fraction_reason"])
 
