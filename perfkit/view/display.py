@@ -15,6 +15,7 @@ JupyterLab widget manager serves them from the local server.
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ["RESOURCES_ENV", "RESOURCE_MODES", "resources_mode", "use_resources", "hv_bokeh"]
 
@@ -52,6 +53,7 @@ def hv_bokeh():
     Loads the extension at most once per mode: a notebook that called ``hv.extension("bokeh")``
     itself (CDN resources) still gets inline resources the first time a perfkit plot is built.
     """
+    _no_param_docstrings_when_executed()
     import holoviews as hv
 
     global _loaded
@@ -66,6 +68,21 @@ def hv_bokeh():
         _register_inline_css_hook()
         _loaded = mode
     return hv
+
+
+def _no_param_docstrings_when_executed() -> None:
+    """In a kernel perfkit executes a configuration in (``PERFKIT_CONTEXT`` set: papermill, no
+    person at it), param does not write its parameter table into the docstring of every
+    holoviews/panel/bokeh class it creates. Under IPython it does (``param.parameterized.
+    docstring_describe_params``, param 2.x), for ``hv.Curve?``: about 580 classes, 0.35–0.75 s of
+    CPU in each configuration that plots, read by nobody there. An interactive session keeps
+    them; the classes, plots and outputs are the same either way."""
+    from ..core.results import CONTEXT_ENV
+
+    if os.environ.get(CONTEXT_ENV) and "holoviews" not in sys.modules:
+        import param
+
+        param.parameterized.docstring_describe_params = False
 
 
 def _inline_css(viewable, root) -> None:
