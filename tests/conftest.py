@@ -39,6 +39,10 @@ def _is_controller(config) -> bool:
 
 
 def pytest_configure(config):
+    if os.environ.get("PERFKIT_SUITE_CPU"):  # where the suite's CPU goes, per test (tests/suite_cpu.py)
+        import suite_cpu
+
+        config.pluginmanager.register(suite_cpu, "suite_cpu")
     # A fresh id per session, inherited by its xdist workers: services a worker starts for the
     # suite (the one-node Slurm) are tagged with it, and the controller stops them at the end.
     if _is_controller(config):
