@@ -111,7 +111,7 @@ shell.run_cell("from perfkit.view.display import hv_bokeh; hv = hv_bokeh(); "
                                                                  "PLAIN")], ids=["interactive", "executed"])
 def test_param_docstring_tables_only_where_someone_can_ask_for_them(context, expected, tmp_path):
     """A kernel executing a configuration (PERFKIT_CONTEXT) skips param's per-class docstring
-    tables (0.35–0.75 s of CPU per plotting configuration); an interactive kernel keeps them."""
+    tables (0.2–0.35 s of CPU per plotting configuration); an interactive kernel keeps them."""
     import os
     import subprocess
     import sys

@@ -74,8 +74,8 @@ def _no_param_docstrings_when_executed() -> None:
     """In a kernel perfkit executes a configuration in (``PERFKIT_CONTEXT`` set: papermill, no
     person at it), param does not write its parameter table into the docstring of every
     holoviews/panel/bokeh class it creates. Under IPython it does (``param.parameterized.
-    docstring_describe_params``, param 2.x), for ``hv.Curve?``: about 580 classes, 0.35–0.75 s of
-    CPU in each configuration that plots, read by nobody there. An interactive session keeps
+    docstring_describe_params``, param 2.x), for ``hv.Curve?``: about 580 classes, 0.2–0.35 s of
+    CPU measured in each configuration that plots, read by nobody there. An interactive session keeps
     them; the classes, plots and outputs are the same either way."""
     from ..core.results import CONTEXT_ENV
 
