@@ -176,7 +176,7 @@ class _Tree:
         only what runs at import time (``top_level_only``)."""
         key = (mod, top_level_only)
         if key in self._imports:
-            return self._imports[key]
+            return list(self._imports[key])  # a copy, as on the first call: the cache is never handed out
         path, tree = self.modules[mod], self.trees[mod]
         lines = self.texts[mod].splitlines()
         nodes = _module_level(tree) if top_level_only else ast.walk(tree)

@@ -15,7 +15,6 @@ JupyterLab widget manager serves them from the local server.
 from __future__ import annotations
 
 import os
-import sys
 
 __all__ = ["RESOURCES_ENV", "RESOURCE_MODES", "resources_mode", "use_resources", "hv_bokeh"]
 
@@ -79,7 +78,7 @@ def _no_param_docstrings_when_executed() -> None:
     them; the classes, plots and outputs are the same either way."""
     from ..core.results import CONTEXT_ENV
 
-    if os.environ.get(CONTEXT_ENV) and "holoviews" not in sys.modules:
+    if os.environ.get(CONTEXT_ENV):  # classes made before this keep their tables; later ones skip them
         import param
 
         param.parameterized.docstring_describe_params = False
