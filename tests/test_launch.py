@@ -265,8 +265,11 @@ PER_LAUNCH = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 def environment_target(config: dict) -> dict:
     result = allreduce_target(config)
     result["env"] = {k: os.environ.get(k) for k in WORKER_VARIABLES}
+    result["all_env"] = {k: v for k, v in os.environ.items() if not k.startswith("PERFKIT_TEARDOWN_")}
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
         result["parent_pid"], result["parent_cmdline"] = os.getppid(), f.read().replace(b"\0", b" ").decode()
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        result["grandparent_pid"] = int(f.read().rsplit(")", 1)[1].split()[1])
     return result
 
 
@@ -282,19 +285,29 @@ def test_one_node_ranks_see_what_torchrun_gives_them_and_an_explicit_endpoint_ru
         port = s.getsockname()[1]
     via_torchrun = launch(_target("environment_target"), {"scale": 1.0}, world_size=2, backend="gloo",
                           timeout_s=TIMEOUT_S, rdzv_endpoint=f"localhost:{port}")
-    direct = launch(_target("environment_target"), {"scale": 1.0}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
-    for result in (via_torchrun, direct):
+    forked = launch(_target("environment_target"), {"scale": 1.0}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
+    monkeypatch.setenv("PERFKIT_RANK_FORK", "0")
+    execed = launch(_target("environment_target"), {"scale": 1.0}, world_size=2, backend="gloo", timeout_s=TIMEOUT_S)
+    for result in (via_torchrun, forked, execed):
         assert result.status == "ok", result.error
         assert [r["sum"] for r in result.rank_results] == [3.0, 3.0]
-    # Who started the ranks: torchrun for the endpoint, this very process otherwise.
+    # Who started the ranks: torchrun for the endpoint; else one process started here that forked
+    # both (a CPU launch), or this very process (PERFKIT_RANK_FORK=0, and every GPU launch).
     assert all("torch.distributed.run" in r["parent_cmdline"] for r in via_torchrun.rank_results)
-    assert [r["parent_pid"] for r in direct.rank_results] == [os.getpid()] * 2
+    assert [r["parent_pid"] for r in execed.rank_results] == [os.getpid()] * 2
+    assert len({r["parent_pid"] for r in forked.rank_results}) == 1
+    assert all("perfkit.run._rank_fork" in r["parent_cmdline"] for r in forked.rank_results)
+    assert [r["grandparent_pid"] for r in forked.rank_results] == [os.getpid()] * 2
     def lasting(env: dict) -> dict:
         return {k: v for k, v in env.items() if k not in PER_LAUNCH}
 
-    for torchrun_rank, direct_rank in zip(via_torchrun.rank_results, direct.rank_results):
-        assert lasting(direct_rank["env"]) == lasting(torchrun_rank["env"])
-        assert direct_rank["env"]["MASTER_PORT"] and direct_rank["env"]["MASTER_PORT"] != str(port)
+    for torchrun_rank, forked_rank, execed_rank in zip(via_torchrun.rank_results, forked.rank_results,
+                                                       execed.rank_results):
+        assert lasting(forked_rank["env"]) == lasting(torchrun_rank["env"]) == lasting(execed_rank["env"])
+        assert forked_rank["env"]["MASTER_PORT"] and forked_rank["env"]["MASTER_PORT"] != str(port)
+        # A forked rank's whole environment is the one exec would have given it.
+        assert lasting(forked_rank["all_env"]) == {k: v for k, v in lasting(execed_rank["all_env"]).items()
+                                                   if k != "PERFKIT_RANK_FORK"}
 
 
 def test_slurm_rendezvous_reads_the_allocation():

@@ -10,7 +10,9 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_
 this process hosts on a port it bound itself, ``TORCHELASTIC_USE_AGENT_STORE``, torchrun's
 ``OMP_NUM_THREADS=1`` default), each rank in a session of its own, and every rank stopped once one
 has failed. torchrun in between cost each launch 1.5 s of CPU (its own ``import torch``) and 2 s of
-wall time, on every point of a scaling run or an OOM-edge search. Across nodes, or with an explicit
+wall time, on every point of a scaling run or an OOM-edge search. On a CPU the ranks are forked
+from one process that imported torch (and ``preload``) once (:mod:`perfkit.run._rank_fork`: 3.5 s
+of CPU less per extra training rank); on a GPU each rank is started by exec. Across nodes, or with an explicit
 ``rdzv_endpoint``, ``python -m torch.distributed.run`` (the interpreter's own torchrun) runs its c10d
 rendezvous on each node.
 
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from perfkit.run import _teardown
 from perfkit.run.launch_outcome import LaunchResult, exit_codes, is_peer_loss, outcome, rank_reports, read_text
@@ -67,6 +69,8 @@ _PEERS_GRACE_S = 1.0
 #: passed a second); it gets this long to be seen, so that its exit code, not the peers' report,
 #: is the cause given.
 _PEER_LOSS_GRACE_S = 5.0
+#: ``0``: a one-node CPU launch starts each rank by exec, not by fork from one process (:func:`_forks`).
+RANK_FORK_ENV = "PERFKIT_RANK_FORK"
 
 
 
@@ -141,6 +145,7 @@ def launch(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     device: str = "cpu",
+    preload: Sequence[str] = (),
 ) -> LaunchResult:
     """Run ``target(config)`` on ``world_size`` ranks (over ``nnodes`` nodes) and collect results.
 
@@ -153,7 +158,9 @@ def launch(
     starts its ranks directly (module docstring) unless ``rdzv_endpoint`` is given (required with
     several nodes; every node calls ``launch`` with its ``node_rank``), which runs torchrun's c10d
     rendezvous. The launch ends within ``timeout_s`` plus a few seconds of teardown whatever the
-    ranks do.
+    ranks do. ``preload``: modules the ranks will import (the target's, ``torch._dynamo``), imported
+    once before a CPU launch forks its ranks (:mod:`perfkit.run._rank_fork`); they must not read a
+    rank's own state (``RANK``, ``LOCAL_RANK``) when imported.
     """
     _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env)
     config_text = json.dumps(config)  # bad config is the caller's error, before anything starts
@@ -170,7 +177,7 @@ def launch(
                 "sys_path": [p for p in sys.path if isinstance(p, str)],
                 # The ranks end the launch themselves when this process dies before them.
                 "launcher_pid": os.getpid(), "launcher_start": _teardown.start_time(os.getpid()),
-                "token": token,
+                "token": token, "preload": list(preload),
             }))
         start = time.monotonic()
         if rdzv_endpoint:
@@ -179,7 +186,8 @@ def launch(
             timed_out, codes, launcher_log = _supervise_torchrun(command, child_env, token, work_dir, nproc,
                                                                  timeout_s, done_grace_s)
         else:
-            timed_out, codes, launcher_log = _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s)
+            timed_out, codes, launcher_log = _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s,
+                                                             device)
         return outcome(work_dir, nproc, timed_out, codes, launcher_log, timeout_s, time.monotonic() - start)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -275,29 +283,60 @@ def _worker_env(base: Mapping[str, str], local_rank: int, nproc: int, port: int,
     return worker
 
 
-def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s):
+def _forks(device: str, nproc: int) -> bool:
+    """Whether a one-node launch forks its ranks from one process (:mod:`perfkit.run._rank_fork`):
+    on a CPU with 2 ranks or more, unless ``PERFKIT_RANK_FORK=0`` asks for one exec per rank."""
+    return device == "cpu" and nproc > 1 and os.environ.get(RANK_FORK_ENV, "1") != "0"
+
+
+def _start_ranks(job_path, work_dir, envs, log, fork):
+    """The processes that run the ranks, and a function giving local rank i's exit status (Popen's
+    ``returncode``) once it has ended, else None. Forked: one process, which reports each rank's."""
+    popen = dict(stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    if not fork:
+        command = [sys.executable, "-m", "perfkit.run._rank_entry", job_path]
+        procs = [subprocess.Popen(command, env=env, **popen) for env in envs]
+        return procs, lambda i: procs[i].poll()
+    from perfkit.run import _rank_fork
+
+    ranks_path = os.path.join(work_dir, "ranks.json")
+    with open(ranks_path, "w") as f:
+        json.dump(envs, f)
+    # Only what every rank shares: libgomp and MKL read their variables at load, in this process.
+    shared = {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs)}
+    server = subprocess.Popen([sys.executable, "-m", "perfkit.run._rank_fork", job_path, ranks_path],
+                              env=shared, **popen)
+
+    def code(i):
+        found = _rank_fork.read_exit(work_dir, i)
+        if found is None and server.poll() is not None:  # it writes every rank's before it exits
+            found = _rank_fork.read_exit(work_dir, i)
+            return server.returncode if found is None else found  # killed itself: its ranks with it
+        return found
+
+    return [server], code
+
+
+def _supervise_ranks(job_path, child_env, token, work_dir, nproc, timeout_s, device):
     """The ranks of one node, started here, until each has exited, one has failed (the others are
     stopped within :data:`_PEERS_GRACE_S`, as torchrun stops them), or the deadline: (timed out,
     exit codes of the ranks that ended on their own, what they printed before redirecting it)."""
     store = _host_store(nproc, timeout_s)
     deadline = time.monotonic() + timeout_s
     launcher_log_path = os.path.join(work_dir, "launcher.log")
-    command = [sys.executable, "-m", "perfkit.run._rank_entry", job_path]
     run_id = os.path.basename(work_dir)
     procs: list[subprocess.Popen] = []
     codes: dict[int, tuple[int, int]] = {}
     timed_out = False
     settle_by = None  # once the outcome is known: the ranks get until then to end on their own
     try:
+        envs = [_worker_env(child_env, local_rank, nproc, store.port, run_id) for local_rank in range(nproc)]
         with open(launcher_log_path, "wb") as log:
-            for local_rank in range(nproc):
-                procs.append(subprocess.Popen(command, env=_worker_env(child_env, local_rank, nproc, store.port, run_id),
-                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+            procs, exit_code = _start_ranks(job_path, work_dir, envs, log, _forks(device, nproc))
         while len(codes) < nproc:
-            for local_rank, proc in enumerate(procs):
-                if local_rank not in codes and proc.poll() is not None:
-                    codes[local_rank] = (local_rank, proc.returncode)
+            for local_rank in range(nproc):
+                if local_rank not in codes and (code := exit_code(local_rank)) is not None:
+                    codes[local_rank] = (local_rank, code)
             now = time.monotonic()
             if settle_by is None or settle_by - now > _PEERS_GRACE_S:  # else nothing can bring it closer
                 known_by = _settle_by(work_dir, nproc, now, deadline, failure_grace_s=_PEERS_GRACE_S,

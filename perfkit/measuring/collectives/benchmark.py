@@ -366,7 +366,8 @@ def run_collectives(cfg: CollectivesConfig):
                                   message=f"{what}: no time left of timeout_s={cfg.timeout_s}")
         t0 = time.monotonic()
         result = launch(target, cfg.to_dict(), world_size=cfg.world_size, backend=cfg.backend,
-                        timeout_s=left_s, env=env, device="cuda" if cfg.backend == "nccl" else "cpu")
+                        timeout_s=left_s, env=env, device="cuda" if cfg.backend == "nccl" else "cpu",
+                        preload=(target.partition(":")[0],))
         used_s += time.monotonic() - t0
         if not result.ok:
             where = what if result.failed_rank is None else f"{what}, rank {result.failed_rank}"

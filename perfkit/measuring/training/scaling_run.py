@@ -336,7 +336,7 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
                          "straggler_rank": cfg.straggler_rank,
                          "straggler_delay_s": float(cfg.straggler_delay_s)}, world_size=n,
                         backend="nccl" if device == "cuda" else "gloo", timeout_s=cfg.timeout_s,
-                        env=env, device=device)
+                        env=env, device=device, preload=(__name__, "torch._dynamo"))
         if not result.ok:
             reason = f"world_size {n}, rank {result.failed_rank}: {result.error}"
             rows += [_empty_row(cfg, p, result.status, reason) for p in points]
