@@ -14,6 +14,7 @@ import pytest
 
 from perfkit.core.cpu_share import thread_env
 from perfkit.core.errors import BadInputError
+from perfkit.run import _teardown
 from perfkit.run.launch import LaunchResult, launch
 
 pytestmark = pytest.mark.slow
@@ -102,6 +103,15 @@ def hang_on_rank1_target(config: dict) -> dict:
     return {}
 
 
+def report_pids_then_hang_target(config: dict) -> dict:
+    import torch.distributed as dist
+
+    with open(os.path.join(config["dir"], f"rank{dist.get_rank()}"), "w") as f:
+        f.write(f"{os.getpid()} {os.getppid()}")
+    time.sleep(3600)
+    return {}
+
+
 def env_target(config: dict) -> dict:
     return {"knob": os.environ.get(config["name"])}
 
@@ -183,6 +193,37 @@ def test_hanging_rank_times_out_within_the_deadline():
     # Every rank was killed with the tree.
     for log in result.rank_logs:
         assert "Traceback" not in log
+
+
+def test_killing_the_process_that_forked_the_ranks_ends_them_and_the_launch_as_killed(tmp_path):
+    """CPU ranks are forked from one process (perfkit.run._rank_fork), which reports their exit
+    statuses. Killed (an OOM killer's choice, say), the launch ends `killed` at once, not at its
+    deadline, and no rank is left."""
+    import signal
+    import threading
+
+    def kill_the_forking_process():
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            files = sorted(tmp_path.glob("rank*"))
+            if len(files) == 2:
+                pids = [tuple(map(int, f.read_text().split())) for f in files]
+                os.kill(pids[0][1], signal.SIGKILL)
+                return pids
+            time.sleep(0.05)
+
+    found = []
+    killer = threading.Thread(target=lambda: found.extend(kill_the_forking_process() or []))
+    killer.start()
+    t0 = time.monotonic()
+    result = launch(_target("report_pids_then_hang_target"), {"dir": str(tmp_path)}, world_size=2,
+                    backend="gloo", timeout_s=TIMEOUT_S)
+    killer.join()
+    assert len(found) == 2 and found[0][1] == found[1][1], found  # one parent forked both ranks
+    assert result.status == "killed", result.error
+    assert "signal SIGKILL" in result.error
+    assert time.monotonic() - t0 < TIMEOUT_S / 2
+    assert not [pid for pid, _ in found if _teardown.alive(pid, None)]  # a zombie counts as ended
 
 
 def test_env_reaches_ranks_but_not_the_caller():

@@ -7,7 +7,9 @@ then forks one child per local rank. Each child leads a session of its own, take
 environment (``RANK``, ``LOCAL_RANK``, ... as the launcher computed it) and runs
 :func:`perfkit.run._rank_entry.main`, exactly what ``python -m perfkit.run._rank_entry`` runs. This
 process then waits for them and writes each one's exit status (Popen's convention: negative for a
-signal) to ``exit<LOCAL_RANK>`` in the launch's directory, where the launcher reads it.
+signal) to ``exit<LOCAL_RANK>`` in the launch's directory, where the launcher reads it; if this
+process is killed, the launcher gives every rank not yet reported its status and ends the launch
+(its token's holders, the ranks, are killed as always).
 
 Why: every rank paid its own ``import torch`` and, when it trains, ``torch._dynamo`` with sympy:
 3.5 s of CPU before it measured anything (AMD EPYC, 2 cores), on every point of a scaling run or

@@ -311,7 +311,7 @@ def _start_ranks(job_path, work_dir, envs, log, fork):
         found = _rank_fork.read_exit(work_dir, i)
         if found is None and server.poll() is not None:  # it writes every rank's before it exits
             found = _rank_fork.read_exit(work_dir, i)
-            return server.returncode if found is None else found  # killed itself: its ranks with it
+            return server.returncode if found is None else found  # it was killed: the launch ends
         return found
 
     return [server], code
