@@ -86,6 +86,17 @@ def test_a_torchvision_model_says_why_where_torchvision_does_not_import():
         TrainConfig(model="torchvision:resnet18")
 
 
+def test_ranks_preload_the_modules_of_hf_models_only_and_each_exists():
+    # A CPU launch imports these once before forking its ranks (perfkit.run._rank_fork); a name
+    # that does not exist would silently give the saving up, so each must be importable.
+    for model_type in ("llama", "bert", "vit", "gpt_neox", "xlm-roberta"):
+        modules = catalog.rank_imports(f"hf:{model_type}")
+        assert len(modules) == 2, modules
+        assert all(importlib.util.find_spec(m) is not None for m in modules), modules
+    # A user's entry point may read its rank at import: never imported before the fork.
+    assert catalog.rank_imports("mlp") == catalog.rank_imports("tests.models:toy") == ()
+
+
 def test_every_row_is_fingerprinted_with_the_model_libraries_installed():
     # A new transformers can change the model code, and so the numbers, as a new torch can: its
     # version is in every row's fingerprint (env_transformers), not only in HF rows' own column.

@@ -75,8 +75,8 @@ def _become_rank(job_path: str, env: dict) -> None:
         from perfkit.run import _rank_entry
 
         code = _rank_entry.main(job_path) or 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+    except SystemExit as exit_:  # as the interpreter ends on it: None is 0, a message is 1
+        code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:  # noqa: BLE001 - whatever ends the rank ends this child, with its traceback
         traceback.print_exc()
     finally:

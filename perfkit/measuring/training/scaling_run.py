@@ -58,6 +58,7 @@ from perfkit.core.timing import Measurement
 from perfkit.measuring.training.config import TrainConfig, check_supported, config_device
 from perfkit.measuring.ops.trace_capture import summary_columns
 from perfkit.measuring.training.step import train_rank, with_trace_dir
+from perfkit.measuring.workloads import catalog
 
 if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
     import pandas as pd
@@ -336,7 +337,8 @@ def run_scaling(cfg: ScalingConfig) -> pd.DataFrame:
                          "straggler_rank": cfg.straggler_rank,
                          "straggler_delay_s": float(cfg.straggler_delay_s)}, world_size=n,
                         backend="nccl" if device == "cuda" else "gloo", timeout_s=cfg.timeout_s,
-                        env=env, device=device, preload=(__name__, "torch._dynamo"))
+                        env=env, device=device,
+                        preload=(__name__, "torch._dynamo", *catalog.rank_imports(cfg.train.model)))
         if not result.ok:
             reason = f"world_size {n}, rank {result.failed_rank}: {result.error}"
             rows += [_empty_row(cfg, p, result.status, reason) for p in points]

@@ -428,7 +428,8 @@ def run_training(cfg: TrainConfig, timeout_s: float = 600.0, *,
               else "perfkit.measuring.training.step:train_rank")
     result = launch(target, cfg.as_dict(), world_size=cfg.world_size,
                     backend="nccl" if device == "cuda" else "gloo", timeout_s=timeout_s,
-                    device=device, preload=(target.partition(":")[0], "torch._dynamo"))
+                    device=device,
+                    preload=(target.partition(":")[0], "torch._dynamo", *catalog.rank_imports(cfg.model)))
     if result.status != OK:
         return {**base, "status": result.status, "error": result.error,
                 "failed_rank": result.failed_rank, **_oom_snapshots(cfg)}

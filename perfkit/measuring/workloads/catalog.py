@@ -25,7 +25,7 @@ from perfkit.measuring.workloads import configs
 from perfkit.measuring.workloads.user import UserModelSpec
 from perfkit.measuring.workloads.workload import Workload
 
-__all__ = ["family_of", "make", "check", "build", "meta", "is_builtin", "package_versions"]
+__all__ = ["family_of", "make", "check", "build", "meta", "is_builtin", "package_versions", "rank_imports"]
 
 _PREFIXES = {"hf:": "hf", "torchvision:": "torchvision"}
 
@@ -126,6 +126,17 @@ def build(spec, *, device: str | torch.device = "cpu", dtype: torch.dtype = torc
     from perfkit.measuring.workloads.user import build_entry
 
     return build_entry(spec, device=device, dtype=dtype)
+
+
+def rank_imports(model: str) -> tuple[str, ...]:
+    """Modules a rank imports to build ``model`` that a CPU launch imports once before forking its
+    ranks: perfkit's and transformers' own; never a user's entry point, whose module may read a
+    rank's own state (``RANK``) when imported."""
+    if family_of(model) != "hf":
+        return ()
+    from perfkit.measuring.workloads.hf import rank_imports as hf_rank_imports
+
+    return hf_rank_imports(model[len("hf:"):])
 
 
 def package_versions(family: str) -> dict[str, str | None]:

@@ -206,6 +206,15 @@ def _text_flop(model, config, seq_len: int) -> float:
     return float((6 * matmul_params + 12 * layers * heads * head_dim * seq_len) * seq_len)
 
 
+def rank_imports(model_type: str) -> tuple[str, ...]:
+    """What a rank imports to build ``hf:<model_type>`` beyond torch: imported once before a CPU
+    launch forks its ranks (:func:`perfkit.run.launch.launch`'s ``preload``), not once per rank."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(model_type)
+    return (__name__, f"transformers.models.{module}.modeling_{module}")
+
+
 def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workload:
     """The workload of ``hf:<model_type>``: random weights from ``spec.seed``, on ``device``."""
     transformers = _transformers()
