@@ -106,8 +106,10 @@ def hang_on_rank1_target(config: dict) -> dict:
 def report_pids_then_hang_target(config: dict) -> dict:
     import torch.distributed as dist
 
-    with open(os.path.join(config["dir"], f"rank{dist.get_rank()}"), "w") as f:
+    path = os.path.join(config["dir"], f"rank{dist.get_rank()}")
+    with open(f"{path}.tmp", "w") as f:
         f.write(f"{os.getpid()} {os.getppid()}")
+    os.replace(f"{path}.tmp", path)  # the test never reads a file still being written
     time.sleep(3600)
     return {}
 
@@ -205,7 +207,7 @@ def test_killing_the_process_that_forked_the_ranks_ends_them_and_the_launch_as_k
     def kill_the_forking_process():
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline:
-            files = sorted(tmp_path.glob("rank*"))
+            files = sorted(tmp_path.glob("rank[0-9]"))
             if len(files) == 2:
                 pids = [tuple(map(int, f.read_text().split())) for f in files]
                 os.kill(pids[0][1], signal.SIGKILL)

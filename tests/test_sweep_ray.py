@@ -184,6 +184,7 @@ def test_a_timeout_leaves_no_process_and_a_killed_worker_ends_killed_then_resume
         driver.kill()
     assert driver.returncode == 1, stdout + stderr
     endings = {e.params["mode"]: e for e in Ledger(out).events() if e.status != "running"}
+    assert set(endings) == {"sleep", "hold"}, stdout + stderr  # the driver says why one has no ending
     assert endings["sleep"].status == "timeout"
     assert endings["hold"].status == "killed" and endings["hold"].error_name == "RayWorkerCrashed", endings["hold"]
     assert not _all_gone(), "a process of a configuration outlived it by 10 s"
