@@ -387,8 +387,11 @@ def test_measured_bubble_falls_with_microbatches_and_interleaving(delayed_rows):
 
 @pytest.mark.slow
 def test_step_time_is_linear_in_microbatches_with_the_pipeline_fill(delayed_rows):
+    """step ≈ α·m + β with β/α = p − 1 (the fill). Each point's quickest timed step is the
+    schedule's time: a loaded host only adds (a CI run's m = 8 median was 0.24 s over the
+    schedule's 1.8 s beside three other workers, fitting β/α = 0.37 from one late point)."""
     ms = (2, 4, 8)
-    fit = pb.fit_step_time(ms, [delayed_rows["1F1B", m]["step_time_s"] for m in ms])
+    fit = pb.fit_step_time(ms, [min(delayed_rows["1F1B", m]["step_time_samples_s"]) for m in ms])
     p = DELAYED["world_size"]
     assert 0.5 * (p - 1) <= fit.beta_over_alpha <= 1.5 * (p - 1), fit
 

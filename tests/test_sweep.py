@@ -492,3 +492,25 @@ def test_ledger_reads_a_folders_older_single_file(tmp_path):
     assert [e.status for e in ledger.events()] == ["running", "ok", "killed"]
     assert {cid: e.status for cid, e in ledger.state().items()} == {"c1": "killed", "c2": "ok"}
     assert (tmp_path / "ledger.jsonl").read_text().count("\n") == 2  # never written again
+
+
+def test_an_ending_banner_survives_a_notebook_cut_off_mid_write(tmp_path):
+    # papermill rewrites the executed notebook in place after each cell; a configuration's kill can
+    # land in that write. Recording its ending (the banner) must neither fail on the torn file nor
+    # lose what was written.
+    import nbformat
+
+    from perfkit.run.execute import banner
+
+    whole = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    intact, torn = tmp_path / "intact.ipynb", tmp_path / "torn.ipynb"
+    nbformat.write(whole, intact)
+    text = nbformat.writes(whole)
+    torn.write_text(text[: len(text) // 2])
+    banner(intact, "ended killed")
+    banner(torn, "ended killed")
+    kept = nbformat.read(intact, as_version=4)
+    assert [c.cell_type for c in kept.cells] == ["markdown", "code"] and "ended killed" in kept.cells[0].source
+    redone = nbformat.read(torn, as_version=4)
+    assert "ended killed" in redone.cells[0].source and "torn.ipynb.partial" in redone.cells[0].source
+    assert (tmp_path / "torn.ipynb.partial").read_text() == text[: len(text) // 2]

@@ -291,13 +291,21 @@ class WarmKernel:
 
 
 def banner(output_notebook: Path, text: str) -> None:
-    """Put a visible note at the top of an executed notebook (papermill does this for errors)."""
+    """Put a visible note at the top of an executed notebook (papermill does this for errors).
+
+    papermill rewrites the notebook in place after every cell, so a kill that ends a configuration
+    can cut a write off: the bytes it left are kept beside it (``<name>.partial``) and the banner
+    goes into a notebook of its own that says so, rather than the ending failing to be recorded."""
     import nbformat
 
+    nb = nbformat.v4.new_notebook()
     if output_notebook.exists():
-        nb = nbformat.read(output_notebook, as_version=4)
-    else:
-        nb = nbformat.v4.new_notebook()
+        try:
+            nb = nbformat.read(output_notebook, as_version=4)
+        except Exception:  # noqa: BLE001 - cut off mid-write (JSON or schema): kept, not read
+            partial = output_notebook.with_name(output_notebook.name + ".partial")
+            output_notebook.replace(partial)
+            text += f" (its executed notebook was cut off mid-write: what was written is in {partial.name})"
     cell = nbformat.v4.new_markdown_cell(f'<span style="color:red; font-size:2em">{text}</span>')
     cell.metadata["tags"] = ["perfkit-banner"]
     nb.cells.insert(0, cell)
