@@ -39,7 +39,7 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr.reconfigure(line_buffering=True)
 
 
-def _write_json_atomic(path: str, payload: dict) -> None:
+def write_json_atomic(path: str, payload: dict) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(payload, f)
@@ -69,6 +69,14 @@ def _init_process_group(backend: str, device: str, timeout_s: float) -> None:
     dist.init_process_group(**kwargs)
 
 
+def use_caller_path(job: dict) -> None:
+    """The caller's import path first, so a target importable in the caller (a notebook's folder,
+    a tests/ directory) is importable here without the caller exporting PYTHONPATH."""
+    for entry in reversed(job["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
 def _end_launch(token: str | None) -> None:
     print("perfkit: the launching process is gone; ending this launch", flush=True)
     if token:
@@ -86,11 +94,7 @@ def main(job_path: str) -> int:
     if job.get("launcher_pid"):
         _teardown.watch(job["launcher_pid"], job.get("launcher_start"), lambda: _end_launch(job.get("token")))
     result_path = os.path.join(work_dir, f"local{local_rank}.json")
-    # The caller's import path, so a target importable in the caller (a notebook's folder, a
-    # tests/ directory) is importable here without the caller exporting PYTHONPATH.
-    for entry in reversed(job["sys_path"]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    use_caller_path(job)
     try:
         function = _resolve(job["target"])
         _init_process_group(job["backend"], job["device"], job["timeout_s"])
@@ -110,13 +114,13 @@ def main(job_path: str) -> int:
             "time": time.time(),
         }
         traceback.print_exc()
-        _write_json_atomic(result_path, payload)
+        write_json_atomic(result_path, payload)
         sys.stdout.flush()
         sys.stderr.flush()
         # Exit at once: peers may be blocked in a collective with this rank, and a normal
         # interpreter shutdown could wait on the process group; the launcher then stops the peers.
         os._exit(1)
-    _write_json_atomic(result_path, payload)
+    write_json_atomic(result_path, payload)
     import torch.distributed as dist
 
     if dist.is_initialized():

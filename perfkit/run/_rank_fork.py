@@ -7,7 +7,8 @@ then forks one child per local rank. Each child leads a session of its own, take
 environment (``RANK``, ``LOCAL_RANK``, ... as the launcher computed it) and runs
 :func:`perfkit.run._rank_entry.main`, exactly what ``python -m perfkit.run._rank_entry`` runs. This
 process then waits for them and writes each one's exit status (Popen's convention: negative for a
-signal) to ``exit<LOCAL_RANK>`` in the launch's directory, where the launcher reads it; if this
+signal) to ``exit<LOCAL_RANK>.json`` in the launch's directory, where the launcher reads it
+(:func:`perfkit.run.launch_outcome.forked_rank_exit`); if this
 process is killed, the launcher gives every rank not yet reported its status and ends the launch
 (its token's holders, the ranks, are killed as always).
 
@@ -36,30 +37,14 @@ import os
 import sys
 import traceback
 
+from perfkit.run import _rank_entry
+
 __all__: list[str] = []
 
 
-def exit_path(work_dir: str, local_rank: int) -> str:
-    """Where this process writes local rank ``local_rank``'s exit status."""
-    return os.path.join(work_dir, f"exit{local_rank}")
-
-
-def read_exit(work_dir: str, local_rank: int) -> int | None:
-    """Local rank ``local_rank``'s exit status as Popen's ``returncode``; None while it runs."""
-    try:
-        with open(exit_path(work_dir, local_rank)) as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
-
-
 def _preload(job: dict) -> None:
-    # The caller's import path first, as each rank sets it (_rank_entry.main): a preloaded target
-    # importable in the caller is importable here.
-    for entry in reversed(job["sys_path"]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    for name in ("torch", "torch.distributed", "perfkit.run._rank_entry", *job.get("preload", ())):
+    _rank_entry.use_caller_path(job)  # as each rank sets it: a preloaded target importable in the caller is here
+    for name in ("torch", "torch.distributed", *job.get("preload", ())):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the rank imports it again and reports the error as its own
@@ -72,8 +57,6 @@ def _become_rank(job_path: str, env: dict) -> None:
     try:
         os.setsid()  # as the launcher's start_new_session: a rank leads its own session
         os.environ.update(env)  # this process has the variables all ranks share; the rank's own
-        from perfkit.run import _rank_entry
-
         code = _rank_entry.main(job_path) or 0
     except SystemExit as exit_:  # as the interpreter ends on it: None is 0, a message is 1
         code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
@@ -85,13 +68,6 @@ def _become_rank(job_path: str, env: dict) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-def _write_exit(work_dir: str, local_rank: int, code: int) -> None:
-    path = exit_path(work_dir, local_rank)
-    with open(f"{path}.tmp", "w") as f:
-        f.write(str(code))
-    os.replace(f"{path}.tmp", path)  # the launcher never reads half a number
 
 
 def main(job_path: str, ranks_path: str) -> int:
@@ -111,7 +87,8 @@ def main(job_path: str, ranks_path: str) -> int:
     while children:
         pid, status = os.waitpid(-1, 0)
         if pid in children:
-            _write_exit(job["work_dir"], children.pop(pid), os.waitstatus_to_exitcode(status))
+            _rank_entry.write_json_atomic(os.path.join(job["work_dir"], f"exit{children.pop(pid)}.json"),
+                                           {"returncode": os.waitstatus_to_exitcode(status)})
     return 0
 
 

@@ -42,7 +42,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 from perfkit.run import _teardown
-from perfkit.run.launch_outcome import LaunchResult, exit_codes, is_peer_loss, outcome, rank_reports, read_text
+from perfkit.run.launch_outcome import (LaunchResult, exit_codes, forked_rank_exit, is_peer_loss, outcome,
+                                        rank_reports, read_text)
 from perfkit.run.rendezvous import slurm_rendezvous  # re-exported: launch(..., **slurm_rendezvous())
 from perfkit.core.cpu_share import thread_env, with_threads
 from perfkit.core.errors import BadInputError
@@ -297,8 +298,6 @@ def _start_ranks(job_path, work_dir, envs, log, fork):
         command = [sys.executable, "-m", "perfkit.run._rank_entry", job_path]
         procs = [subprocess.Popen(command, env=env, **popen) for env in envs]
         return procs, lambda i: procs[i].poll()
-    from perfkit.run import _rank_fork
-
     ranks_path = os.path.join(work_dir, "ranks.json")
     with open(ranks_path, "w") as f:
         json.dump(envs, f)
@@ -308,9 +307,9 @@ def _start_ranks(job_path, work_dir, envs, log, fork):
                               env=shared, **popen)
 
     def code(i):
-        found = _rank_fork.read_exit(work_dir, i)
+        found = forked_rank_exit(work_dir, i)
         if found is None and server.poll() is not None:  # it writes every rank's before it exits
-            found = _rank_fork.read_exit(work_dir, i)
+            found = forked_rank_exit(work_dir, i)
             return server.returncode if found is None else found  # it was killed: the launch ends
         return found
 

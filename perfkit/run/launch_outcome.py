@@ -21,7 +21,7 @@ from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 from perfkit.core.status import KILLED, OK, STATUSES, TIMEOUT, status_for_error
 
-__all__ = ["LaunchResult", "outcome", "rank_reports", "is_peer_loss", "exit_codes", "read_text"]
+__all__ = ["LaunchResult", "outcome", "rank_reports", "forked_rank_exit", "is_peer_loss", "exit_codes", "read_text"]
 
 #: Characters of a rank's log kept in an error message.
 _LOG_TAIL_CHARS = 4000
@@ -74,6 +74,13 @@ def read_text(path: str) -> str:
 
 def rank_reports(work_dir: str, nproc: int) -> list[dict | None]:
     return [_read_json(os.path.join(work_dir, f"local{i}.json")) for i in range(nproc)]
+
+
+def forked_rank_exit(work_dir: str, local_rank: int) -> int | None:
+    """A forked rank's exit status as Popen's ``returncode`` (negative: a signal), which the
+    process that forked it wrote (:mod:`perfkit.run._rank_fork`); None while it runs."""
+    found = _read_json(os.path.join(work_dir, f"exit{local_rank}.json"))
+    return None if found is None else found["returncode"]
 
 
 # torchrun's failure summary: one block per failed local rank, "rank : 1 (local_rank: 1)" then
