@@ -311,3 +311,27 @@ def test_a_socket_folder_whose_owner_died_is_removed_by_the_next_kernel_and_a_li
     finally:
         shutil.rmtree(orphan, ignore_errors=True)
         shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_reap_returns_once_the_killed_have_ended_not_when_their_environment_reads_empty(tmp_path):
+    """A killed process's environment reads empty from the moment its memory starts being released,
+    before it has ended; with a large heap (a rank's framework) that takes a while. reap waits for
+    the end: what it killed is a zombie or gone when it returns."""
+    marker, env = _marker_env()
+    ready = tmp_path / "ready"
+    # 1 GiB touched, page by page, in several maps: releasing them is the slow part of the exit.
+    heap = subprocess.Popen([sys.executable, "-c",
+                             "import mmap, sys, time\n"
+                             "maps = [mmap.mmap(-1, 256 << 20) for _ in range(4)]\n"
+                             "for m in maps:\n"
+                             "    for i in range(0, len(m), 4096): m[i] = 1\n"
+                             "open(sys.argv[1], 'w').close(); time.sleep(600)\n", str(ready)],
+                            env=env, start_new_session=True)
+    try:
+        _wait("the holder's heap touched", ready.exists, 120)
+        assert _teardown.reap(marker, wait_s=30) == []
+        assert not _teardown.alive(heap.pid, None), "reap returned while the process it killed was still exiting"
+        assert heap.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        heap.kill()
+        heap.wait()

@@ -65,21 +65,28 @@ def holders(token: str) -> list[int]:
 
 
 def reap(token: str, wait_s: float = 10.0) -> list[int]:
-    """SIGKILL every holder of ``token`` until none is left; the pids still there after ``wait_s``.
+    """SIGKILL every holder of ``token`` until none is left and each one killed has ended (a zombie,
+    or gone); the pids still there after ``wait_s``.
 
     Repeated rather than once: a holder may be starting a child while the first round kills it.
+    Waiting for the killed to end, not only to drop out of :func:`holders`: a process's environment
+    reads empty from the moment its memory starts being released (``exit_mm``), which for a process
+    holding a framework's heap takes a while under load, before it is a zombie.
     """
     deadline = time.monotonic() + wait_s
+    killed: dict[int, int | None] = {}
     while True:
         pids = holders(token)
-        if not pids or time.monotonic() >= deadline:
-            return pids
+        dying = [pid for pid, started in killed.items() if pid not in pids and alive(pid, started)]
+        if (not pids and not dying) or time.monotonic() >= deadline:
+            return pids + dying
         for pid in pids:
+            killed.setdefault(pid, start_time(pid))
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        time.sleep(0.05)
+        time.sleep(0.05 if pids else 0.01)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
