@@ -74,14 +74,17 @@ def reap(token: str, wait_s: float = 10.0) -> list[int]:
     holding a framework's heap takes a while under load, before it is a zombie.
     """
     deadline = time.monotonic() + wait_s
-    killed: dict[int, int | None] = {}
+    killed: dict[int, int] = {}  # pid -> its start time
     while True:
         pids = holders(token)
         dying = [pid for pid, started in killed.items() if pid not in pids and alive(pid, started)]
         if (not pids and not dying) or time.monotonic() >= deadline:
             return pids + dying
         for pid in pids:
-            killed.setdefault(pid, start_time(pid))
+            started = killed.get(pid) or start_time(pid)
+            if started is None:  # gone meanwhile
+                continue
+            killed[pid] = started
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
