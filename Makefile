@@ -48,11 +48,11 @@ $(STAMP): pyproject.toml
 	@# (.ci/pip_sources.py); pip does it where uv cannot be installed or fails, and in a venv that
 	@# sees the system's packages (a GPU node's torch): uv does not count those as installed and
 	@# would put a torch from the index in front of the node's.
-	@if grep -qiE '^include-system-site-packages *= *true' $(VENV)/pyvenv.cfg; then \
-	  echo "the venv sees the system's packages: installing with pip, which keeps them"; $(PIP_INSTALL) -e '.[$(EXTRAS)]'; \
-	elif $(PIP_INSTALL) uv && $(VENV)/bin/uv pip install -q --python $(PY) --index-strategy unsafe-best-match \
+	@if ! grep -qiE '^include-system-site-packages *= *true' $(VENV)/pyvenv.cfg && $(PIP_INSTALL) uv && \
+	    $(VENV)/bin/uv pip install -q --python $(PY) --index-strategy unsafe-best-match \
 	    $$($(PY) .ci/pip_sources.py) -e '.[$(EXTRAS)]'; then echo "installed perfkit[$(EXTRAS)] with uv"; \
-	else echo "uv could not install; installing with pip"; $(PIP_INSTALL) -e '.[$(EXTRAS)]'; fi
+	else echo "installing perfkit[$(EXTRAS)] with pip (the venv sees the system's packages, or uv could not)"; \
+	  $(PIP_INSTALL) -e '.[$(EXTRAS)]'; fi
 	@# jsonschema's format-nongpl extra (asked for by nbformat and jupyter-events) brings rfc3987-syntax,
 	@# which builds ~35 Earley parsers at import: 1.2 s of CPU in every process that imports nbformat
 	@# (papermill, perfkit run/sweep, every Slurm task, Jupyter) for the 'iri' format, which no notebook

@@ -51,11 +51,13 @@ def _marker_env() -> tuple[str, dict[str, str]]:
     return marker, {**os.environ, marker: "1"}
 
 
-def _wait(what: str, predicate, timeout_s: float, poll_s: float = 0.2):
+def _wait(what, predicate, timeout_s: float, poll_s: float = 0.2):
+    """``predicate()``'s value once true; the test fails after ``timeout_s`` saying ``what`` (a
+    callable: said as it is then)."""
     deadline = time.monotonic() + timeout_s
     while not (value := predicate()):
         if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s:g} s: {what}")
+            pytest.fail(f"not within {timeout_s:g} s: {what() if callable(what) else what}")
         time.sleep(poll_s)
     return value
 
@@ -236,11 +238,9 @@ def test_a_kernel_whose_sweep_is_killed_kills_what_it_started():
         # The kernel's channels are Unix sockets (no TCP port to lose to another process's bind).
         assert (said, transport) == ("spawned", "ipc") and Path(sockets).is_dir()
         # This "sweep", its kernel, the kernel's child. Waited for, not read once: one loaded CI run
-        # read 2 here (which one was missing was not said; the message now says who was found).
-        deadline = time.monotonic() + 30
-        while len(found := _teardown.holders(marker)) != 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(found) == 3, [(pid, _cmdline(pid)[:120]) for pid in found]
+        # read 2 here (which one was missing was not said; the failure now says who was found).
+        _wait(lambda: f"3 token holders; found {_describe(_teardown.holders(marker))}",
+              lambda: len(_teardown.holders(marker)) == 3, 30, poll_s=0.1)
         sweep.kill()
         sweep.wait(timeout=10)
         # The kernel's watch, not ipykernel's own poller (which exits at once), ends the kernel:
