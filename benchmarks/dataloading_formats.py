@@ -22,7 +22,9 @@ read. Reported per order: the median over rounds of samples/s and MB/s per forma
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,6 +51,7 @@ def main() -> None:
           f"{args.sample_bytes} B, parquet row groups of {args.rows_per_group}, {args.rounds} rounds, "
           f"{'cold' if args.cold else 'warm'} page cache")
     cache = tempfile.mkdtemp(prefix="perfkit-formats-")
+    atexit.register(shutil.rmtree, cache, True)  # the generated dataset goes with the run
     readers = {}
     for fmt in datasets.FORMATS:
         spec = datasets.DatasetSpec(format=fmt, n_samples=args.n_samples, sample_bytes=args.sample_bytes,

@@ -9,7 +9,9 @@ whose batches are always ready (no decode), i.e. what handing a batch to the mai
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +33,7 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs; decode "
           f"{args.decode_ms} ms/sample, batch 8, step {args.step_ms} ms, {args.steps} steps (5 warm-up)")
     cache = tempfile.mkdtemp(prefix="perfkit-workers-")
+    atexit.register(shutil.rmtree, cache, True)  # the generated dataset goes with the run
     base = dict(format="files", n_samples=256, batch_size=8, steps=args.steps, warmup_steps=5, loader_batches=0,
                 step_compute_s=args.step_ms / 1e3, device="cpu", cache_dir=cache)
     for strategy in ("file_descriptor", "file_system"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +155,25 @@ def test_allreduce_returns_per_rank_results_and_logs(tmp_path, monkeypatch):
     assert result.wall_time_s > 0
     # Neither torchrun's log dirs (torchelastic_*) nor the launcher's own dir are left behind.
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_folder_of_a_killed_launcher_is_removed_by_the_next_launch_and_a_live_ones_kept(tmp_path, monkeypatch):
+    # A launcher killed with SIGKILL (a kernel at its deadline, the OOM killer) never reaches the
+    # `finally` that removes its folder; the folder is named after it (host, pid, start time), and
+    # the next launch on the host removes it once that process is gone.
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import tempfile; from perfkit.run import _teardown; "
+                           f"print(tempfile.mkdtemp(prefix=_teardown.owned_name('perfkit-launch'), dir={str(tmp_path)!r}))"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    orphan = Path(dead.stdout.strip())
+    live = Path(tempfile.mkdtemp(prefix=_teardown.owned_name("perfkit-launch")))  # this process's: alive
+    assert orphan.is_dir() and orphan.parent == tmp_path
+    result = launch(_target("allreduce_target"), {"scale": 1.0}, world_size=1, backend="gloo", timeout_s=TIMEOUT_S)
+    assert result.status == "ok", result.error
+    assert list(tmp_path.iterdir()) == [live]  # the orphan gone, the launch's own folder removed, ours kept
 
 
 def test_raising_rank_fails_with_its_traceback_and_rank():
