@@ -7,6 +7,8 @@ The rank targets live in this module: ``launch`` hands the caller's ``sys.path``
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -161,9 +163,6 @@ def test_the_folder_of_a_killed_launcher_is_removed_by_the_next_launch_and_a_liv
     # A launcher killed with SIGKILL (a kernel at its deadline, the OOM killer) never reaches the
     # `finally` that removes its folder; the folder is named after it (host, pid, start time), and
     # the next launch on the host removes it once that process is gone.
-    import subprocess
-    import sys
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import tempfile; from perfkit.run import _teardown; "
                            f"print(tempfile.mkdtemp(prefix=_teardown.owned_name('perfkit-launch'), dir={str(tmp_path)!r}))"],

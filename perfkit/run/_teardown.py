@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -143,6 +144,15 @@ def remove_orphaned_dirs(folder: str, prefix: str) -> None:
         if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit() \
                 and not alive(int(parts[0]), int(parts[1])):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def owned_tempdir(prefix: str) -> str:
+    """A new temporary directory named by :func:`owned_name`, after removing the ones of ``prefix``
+    whose owner is gone: a process killed before it could remove its own (SIGKILL, the OOM killer,
+    a Slurm task killed whole) leaves it, and the next one on the host removes it."""
+    folder = tempfile.gettempdir()
+    remove_orphaned_dirs(folder, prefix)
+    return tempfile.mkdtemp(prefix=owned_name(prefix), dir=folder)
 
 
 def _short_host() -> str:

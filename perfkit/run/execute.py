@@ -29,7 +29,6 @@ import queue
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -101,10 +100,9 @@ class WarmKernel:
         # the kernel's own bind, any other process (another kernel, a gloo store, a rank) may take
         # it; the kernel then dies at start ("Address already in use"). A short path: a socket's
         # name is limited to 107 bytes.
-        # Named by this process (host, pid, start time): a Slurm task killed whole, driver and
-        # kernel at once, cannot remove its own; the next kernel on the host removes it.
-        _teardown.remove_orphaned_dirs(tempfile.gettempdir(), "perfkit-kernel")
-        self._ipc_dir = tempfile.mkdtemp(prefix=_teardown.owned_name("perfkit-kernel"))
+        # Owned (host, pid, start time): a Slurm task killed whole, driver and kernel at once,
+        # cannot remove its own; the next kernel on the host removes it.
+        self._ipc_dir = _teardown.owned_tempdir("perfkit-kernel")
         self.km.transport = "ipc"
         self.km.ip = os.path.join(self._ipc_dir, "k")
         self._kc = None  # this kernel's client (see client()) and the thread it belongs to

@@ -37,7 +37,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
@@ -166,10 +165,7 @@ def launch(
     _validate(target, world_size, nnodes, node_rank, rdzv_endpoint, timeout_s, device, env)
     config_text = json.dumps(config)  # bad config is the caller's error, before anything starts
     nproc = world_size // nnodes
-    # Named after this process (host, pid, start time): a launcher killed before its `finally`
-    # (SIGKILL, the OOM killer) leaves its folder, and the next launch on the host removes it.
-    _teardown.remove_orphaned_dirs(tempfile.gettempdir(), "perfkit-launch")
-    work_dir = tempfile.mkdtemp(prefix=_teardown.owned_name("perfkit-launch"))
+    work_dir = _teardown.owned_tempdir("perfkit-launch")  # a killed launcher's is removed by the next
     try:
         token = _teardown.new_token()
         child_env = {**_child_env(os.environ, env or {}, nproc), token: "1"}
