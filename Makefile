@@ -58,7 +58,9 @@ $(STAMP): pyproject.toml
 	@# (papermill, perfkit run/sweep, every Slurm task, Jupyter) for the 'iri' format, which no notebook
 	@# schema uses (python-jsonschema/jsonschema#1428). Without it jsonschema skips that one format.
 	@$(PY) -m pip uninstall -y -q rfc3987-syntax >/dev/null 2>&1 || true
-	$(PY) -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit ($(VENV))" >/dev/null
+	@# ipykernel writes the spec into a new /tmp/tmp*_kernels folder and leaves it (empty) behind.
+	@tmp=$$(mktemp -d) && TMPDIR=$$tmp $(PY) -m ipykernel install --sys-prefix --name perfkit \
+	  --display-name "perfkit ($(VENV))" >/dev/null && rm -rf "$$tmp"
 	@touch $(STAMP)
 
 # The quickstart sweep (templates/quickstart.yaml) on this machine's device, then its report.
@@ -78,11 +80,14 @@ TEST_WORKERS ?= 4
 # perfkit's own modules byte-compiled first, on every core (a second run only checks timestamps),
 # rather than by the first of the workers' processes that import each.
 COMPILE_OWN = $(PY) -m compileall -q -j 0 perfkit tests >/dev/null
+# The rows go to a folder of their own, removed after a green run (kept and named after a red one).
 test: venv browser
 	@$(COMPILE_OWN)
-	PERFKIT_OUT=$$(mktemp -d) PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
+	out=$$(mktemp -d -t perfkit-test-rows.XXXXXX); \
+	PERFKIT_OUT=$$out PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
 	  --nbval-lax --nbval-current-env -p no:cacheprovider --durations=20 -n $(TEST_WORKERS) --dist loadscope \
-	  --no-loadscope-reorder
+	  --no-loadscope-reorder; \
+	rc=$$?; if [ $$rc = 0 ]; then rm -rf "$$out"; else echo "make test: the notebooks' rows are kept in $$out"; fi; exit $$rc
 
 # The inner loop: no kernels, no ranks, no Slurm, no browser (those are marked slow), in ~2 minutes.
 test-fast: venv

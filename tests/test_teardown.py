@@ -225,7 +225,7 @@ import time
 from perfkit.run.execute import WarmKernel
 kernel = WarmKernel()
 kernel.run_code({_SPAWN_ELSEWHERE!r})
-print("spawned", kernel.km.transport, kernel._ipc_dir, flush=True)
+print("spawned", kernel.km.transport, kernel._ipc_dir, kernel.km.connection_file, flush=True)
 time.sleep(600)
 """
 
@@ -234,7 +234,7 @@ def test_a_kernel_whose_sweep_is_killed_kills_what_it_started():
     marker, env = _marker_env()
     sweep = subprocess.Popen([sys.executable, "-c", _ORPHANED_KERNEL], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        said, transport, sockets = sweep.stdout.readline().split()
+        said, transport, sockets, connection_file = sweep.stdout.readline().split()
         # The kernel's channels are Unix sockets (no TCP port to lose to another process's bind).
         assert (said, transport) == ("spawned", "ipc") and Path(sockets).is_dir()
         # This "sweep", its kernel, the kernel's child. Waited for, not read once: one loaded CI run
@@ -244,9 +244,11 @@ def test_a_kernel_whose_sweep_is_killed_kills_what_it_started():
         sweep.kill()
         sweep.wait(timeout=10)
         # The kernel's watch, not ipykernel's own poller (which exits at once), ends the kernel:
-        # its child in another session goes too, and the sockets' folder is removed.
+        # its child in another session goes too, and the sockets' folder is removed, with the
+        # kernel's connection file (jupyter_client's default put it in /tmp, left there forever).
         _assert_all_gone(marker)
         assert not Path(sockets).exists()
+        assert not Path(connection_file).exists(), f"the killed kernel's connection file {connection_file} is left"
     finally:
         sweep.kill()
         _teardown.reap(marker)

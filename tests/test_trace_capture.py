@@ -173,10 +173,11 @@ from perfkit.measuring.ops.profiling import profile_op_times
 from perfkit.measuring.ops.trace_capture import ProfileSettings, StepProfiler
 profile_op_times(torch.mm, torch.ones(8, 8), torch.ones(8, 8))
 import sys, tempfile
-with StepProfiler(ProfileSettings(wait=0, warmup=0, active=1), tempfile.mkdtemp() + "/t.json.gz", device="cpu") as p:
-    for _ in range(2):
-        torch.ones(4) @ torch.ones(4)
-        p.step()
+with tempfile.TemporaryDirectory() as folder:
+    with StepProfiler(ProfileSettings(wait=0, warmup=0, active=1), folder + "/t.json.gz", device="cpu") as p:
+        for _ in range(2):
+            torch.ones(4) @ torch.ones(4)
+            p.step()
 assert p.path is not None, p.reason
 print("profiled")
 """

@@ -105,6 +105,9 @@ class WarmKernel:
         self._ipc_dir = _teardown.owned_tempdir("perfkit-kernel")
         self.km.transport = "ipc"
         self.km.ip = os.path.join(self._ipc_dir, "k")
+        # Its connection file there too (jupyter_client's default is a new /tmp/tmp*.json, which a
+        # killed kernel's driver never removed: the suite left ~20 per run), so it goes with the folder.
+        self.km.connection_file = os.path.join(self._ipc_dir, "kernel.json")
         self._kc = None  # this kernel's client (see client()) and the thread it belongs to
         self._kc_thread: int | None = None
         kernel_env = dict(os.environ)
