@@ -116,7 +116,9 @@ def test_a_sweep_of_the_script_over_batch_and_precision_and_two_ranks_resumes(tm
              "grid": {"batch_size": [8, 32], "precision": ["fp32", "bf16"]}},
             {"name": "ranks", "notebook": str(NOTEBOOKS / "script.ipynb"), "devices_per_config": 2,
              "parameters": {**base, "batch_size": 8, "world_size": 2,
+                            # its logs in the test's folder (torchrun's default, a new /tmp/torchelastic_*, stays)
                             "command": f"{sys.executable} -m torch.distributed.run --standalone "
+                                       f"--log-dir {tmp_path / 'torchrun-logs'} "
                                        "--nproc-per-node {world_size} train_script.py"}}]}))
     out = tmp_path / "out"
     run = [sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(out), "--quiet", "--workers", "2"]
