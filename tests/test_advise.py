@@ -206,9 +206,9 @@ def test_verify_runs_the_advised_worker_count_and_reports_the_measured_verdict(t
     assert len(perfkit.load(out)) == before  # the experiment's rows are not the folder's own
     point = compare_by(rows, by="variant", base="current").points.iloc[0]
     x, lo, hi = speedup(point["ratio"], point["ci_low"], point["ci_high"], point["lower_is_better"])
-    said = {k: point[k] for k in ("verdict", "why", "metric", "median_base", "median_new", "ratio", "ci_low",
-                                  "ci_high", "p_holm", "n_base", "n_new")}
-    assert point["verdict"] == "faster" and point["metric"] == "step_time_s" and x > 1.3, said
+    numbers = {k: point[k] for k in ("verdict", "why", "metric", "median_base", "median_new", "ratio", "ci_low",
+                                     "ci_high", "p_holm", "n_base", "n_new")}
+    assert point["verdict"] == "faster" and point["metric"] == "step_time_s" and x > 1.3, numbers
     said = f"advised: num_workers 0 -> 2; measured {x:.2f}x as fast (step_time_s, 95 % CI {lo:.2f}-{hi:.2f}x): faster"
     assert said in verified.stdout, verified.stdout
     # The report's Advice section, first in the page, shows the advice and what testing it measured.
