@@ -115,3 +115,41 @@ def sequential(n_features: int = 16, width: int = 32, depth: int = 4, n_classes:
 
     return {"model": model, "make_batch": make_batch, "loss_fn": F.cross_entropy, "blocks": list(model.blocks),
             "stem": ["embed"], "head": [model.norm, "classifier"]}
+
+
+#: The simulated device's allocations a failed forward left behind (see ``simulated_device``).
+_DEVICE_HELD: list[torch.Tensor] = []
+
+
+class _OnSimulatedDevice(nn.Module):
+    """A linear map whose forward takes ``per_sample_bytes`` a sample from a device of
+    ``capacity_bytes``: past it, it raises ``torch.OutOfMemoryError`` as CUDA's allocator does,
+    and what it had taken stays held by the process (a module-level reference, as a caching
+    allocator's segments or a traceback's frames keep a real OOM's tensors alive)."""
+
+    def __init__(self, width: int, capacity_bytes: int, per_sample_bytes: int):
+        super().__init__()
+        self.fc = nn.Linear(width, 1)
+        self.capacity_bytes, self.per_sample_bytes = capacity_bytes, per_sample_bytes
+
+    def forward(self, x):
+        used = sum(t.numel() for t in _DEVICE_HELD)
+        need = x.shape[0] * self.per_sample_bytes
+        if used + need > self.capacity_bytes:
+            _DEVICE_HELD.append(torch.empty(self.capacity_bytes - used, dtype=torch.uint8))
+            raise torch.OutOfMemoryError(f"simulated device: tried to allocate {need} bytes, "
+                                         f"{self.capacity_bytes - used} free of {self.capacity_bytes}")
+        return self.fc(x).squeeze(-1)
+
+
+def simulated_device(capacity_bytes: int = 2**26, per_sample_bytes: int = 2**16, width: int = 8, seed: int = 0):
+    """An entry point whose OOM edge is ``capacity_bytes // per_sample_bytes`` samples in a fresh
+    process, and whose OOM poisons the process it happened in (``_OnSimulatedDevice``)."""
+    torch.manual_seed(seed)
+    model = _OnSimulatedDevice(width, capacity_bytes, per_sample_bytes)
+
+    def make_batch(batch_size: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, width, generator=gen), torch.randn(batch_size, generator=gen)
+
+    return {"model": model, "make_batch": make_batch, "loss_fn": F.mse_loss}

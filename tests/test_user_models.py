@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REPO
 from perfkit.core.errors import BadInputError
+from perfkit.measuring.training.batch_search import find_max_batch_size
 from perfkit.measuring.training.config import TrainConfig
 from perfkit.measuring.training.step import run_training, train_step_benchmark
 from perfkit.measuring.workloads import catalog
@@ -252,7 +253,6 @@ def test_hf_llama_scales_over_ranks_with_its_tokens_and_family_in_the_rows():
 
 @pytest.mark.slow
 def test_hf_vision_model_finds_its_oom_edge_under_an_address_space_cap():
-    from perfkit.measuring.training.batch_search import find_max_batch_size
 
     # 128 images of 64×64 fit 256 MiB of headroom with room to spare, 512 do not, 256 mostly do
     # (one run in three ran out here: too near the edge to start from): each probe its own capped
@@ -265,6 +265,25 @@ def test_hf_vision_model_finds_its_oom_edge_under_an_address_space_cap():
     stopped = (found["stopped_by"] or {}).get("error")
     assert stopped is None and "oom" in statuses and "ok" in statuses, (found["probes"], stopped)
     assert 128 <= found["max_batch_size"] < 4096
+
+
+@pytest.mark.slow
+def test_an_oom_in_one_probe_of_the_batch_search_leaves_the_next_probes_unaffected():
+    # Issue 43: on the H200 the search's probes ran in the calling process, the first OOM left
+    # 134 GiB held there, every later probe ran out too, and the search said 1024 where isolated
+    # probes found 1920. The simulated device here fits 1920 samples in a fresh process and keeps
+    # what an OOM took (the entry point's module holds it): a probe run where an earlier one ran
+    # out would OOM at any batch, and the search would stop at 1024 again.
+    import _user_models
+
+    cfg = TrainConfig(model="_user_models:simulated_device", steps=2, warmup_steps=1, count_flops=False,
+                      model_size={"capacity_bytes": 1920 * 2**16 + 2**15, "per_sample_bytes": 2**16},
+                      batch_size=1024)
+    found = find_max_batch_size(cfg, start=1024, limit=8192, multiple_of=128, timeout_s=120)
+    # The H200's isolated sequence (../shared/reference/gpu-h200/probes/oom_edge_isolated.json).
+    assert found["probes"] == [(1024, "ok"), (2048, "oom"), (1536, "ok"), (1792, "ok"), (1920, "ok")], found
+    assert found["max_batch_size"] == 1920 and found["stopped_by"] is None
+    assert _user_models._DEVICE_HELD == []  # nothing of a probe's OOM reached this process
 
 
 @pytest.mark.slow

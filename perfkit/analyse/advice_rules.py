@@ -18,9 +18,10 @@ pipeline_bubble            train_step: bubble_fraction(_predicted),            m
                            n_microbatches, pp_stages                           (Huang et al. 2019)
 collectives_latency_bound  collectives: alpha through the smallest and         alpha >= 1/2 of the
                            largest size's fastest samples (and commfit's fit)  largest size's time
-memory_headroom            train_step: max_batch_size_predicted (memory model  edge >= 2 x batch
-                           against memory_budget_bytes) over batch_size; near  (with activation
-                           the edge, max_batch_size_predicted_checkpointed     checkpointing too)
+memory_headroom            train_step: max_batch_size_predicted (the fake-     edge >= 2 x batch
+                           tensor step's, else the memory model's, against     (with activation
+                           memory_budget_bytes) over batch_size; near the      checkpointing too)
+                           edge, max_batch_size_predicted_checkpointed
 gemm_below_ceiling         gemm: flop_per_s against the folder's compute       50 % of the ceiling
                            ceiling or its best GEMM of the dtype
 host_bound                 any profiled row: trace_idle_share (HTA's idle      device idle >= 50 %:
@@ -67,8 +68,9 @@ RULES: tuple[Rule, ...] = (
          "bubble (p-1)/(v m+p-1), Narayanan et al. SC'21", training.pipeline_bubble,
          "too few microbatches for the pipeline's depth"),
     Rule("memory_headroom", "memory headroom", 2.0,
-         "perfkit's memory model (measuring/training/memory_model.py: ZeRO's model-state accounting, saved "
-         "activations from the shapes) against the rank's budget: the batch could at least double",
+         "the step's peak on fake tensors (measuring/training/memory_fit.py), else perfkit's memory model "
+         "(measuring/training/memory_model.py: ZeRO's model-state accounting, saved activations and the "
+         "backward's transient from the shapes) against the rank's budget: the batch could at least double",
          training.memory_headroom, "the batch is far below the predicted OOM edge"),
     Rule("collectives_latency_bound", "latency-bound collectives", 0.5,
          "Hockney alpha-beta model: below S_1/2 = alpha beta the per-call latency is over half the time "

@@ -247,6 +247,12 @@ def _checkpointing_buys_room(row: pd.Series, rule: Rule, label: str, batch: int,
                               proposed=True, also={"batch_size": proposed}, metric="samples_per_s"))
 
 
+def _edge_source(row: pd.Series) -> str:
+    """Which prediction ``max_batch_size_predicted`` is: rows before issue 43 had the analytic one only."""
+    source = row.get("max_batch_size_predicted_source")
+    return source if isinstance(source, str) else "analytic model"
+
+
 def memory_headroom(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
     labels = point_labels(ok)
     rows = rows_of(ok, "train_step", "batch_size", "max_batch_size_predicted", "memory_budget_bytes")
@@ -268,13 +274,15 @@ def memory_headroom(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
             cost_share=math.nan, robust=True,  # a prediction from shapes and the budget, not a timing
             confidence="low" if isinstance(row.get("activation_bytes_reason"), str) else "high", source=rule.source,
             evidence={"batch_size": batch, "max_batch_size_predicted": edge,
+                      "max_batch_size_predicted_source": _edge_source(row),
+                      "max_batch_size_predicted_analytic": float(row.get("max_batch_size_predicted_analytic", math.nan)),
                       "memory_budget_bytes": float(row["memory_budget_bytes"]),
                       "model_state_bytes_predicted": float(row.get("model_state_bytes_predicted", math.nan)),
                       "activation_bytes_predicted": float(row.get("activation_bytes_predicted", math.nan)),
                       "peak_mem_bytes_per_rank": float(peak[0] if isinstance(peak, (list, np.ndarray)) else peak)
                       if peak is not None and (isinstance(peak, (list, np.ndarray)) or finite(peak)) else math.nan},
             summary=(f"batch {batch} uses a {1 / room:.0%} share of the batch the memory is predicted to hold "
-                     f"({edge}, {row.get('memory_budget_source')})"),
+                     f"({edge}, by the {_edge_source(row)}, in {row.get('memory_budget_source')})"),
             advice=(f"grow the batch toward the predicted edge (batch_size={proposed} is {proposed // batch}x) while the "
                     f"step is not yet saturated: throughput rises and the fixed per-step costs spread (retune the "
                     f"learning rate); or spend the memory on a larger model or fewer checkpointed layers"),

@@ -14,8 +14,10 @@ recomputed at a time in backward. Under ``pp`` a rank holds, at once, the saved 
 microbatches its stages have run forward and not yet backward, in the order the schedule runs
 them (:func:`perfkit.measuring.training.pipeline_stages.rank_actions`: GPipe all m, 1F1B p − r on rank r,
 Interleaved1F1B torch's warm-up count); the zero-bubble schedules have no model (NaN, with the
-reason). Not counted: transient buffers (activation gradients in backward), the pipeline's
-receive buffers, the allocator's caching and fragmentation. ``convnet`` has no activation model.
+reason). Beside them, :func:`backward_transient_bytes`: what the step holds at the start of backward
+beyond the saved tensors (the model's output and a pair of gradients), which
+:mod:`perfkit.measuring.training.memory_model` adds to find the peak. Not counted: the other
+transient buffers (the weights' gradients beside a block's, the loss's 16-bit casts), the pipeline's receive buffers, the allocator's caching and fragmentation. ``convnet`` has no activation model.
 
 **Measured** (:class:`SavedActivationMeter`), the same way on every device: the peak of the bytes
 autograd holds saved over the last warm-up step, FSDP2's gathered parameters excluded
@@ -31,7 +33,7 @@ import math
 
 import torch
 
-__all__ = ["activation_bytes", "pipeline_rank_bytes", "activation_measure_reason", "SavedActivationMeter",
+__all__ = ["activation_bytes", "backward_transient_bytes", "pipeline_rank_bytes", "activation_measure_reason", "SavedActivationMeter",
            "step_meter"]
 
 #: The workloads with an activation model (the convnet has none).
@@ -91,6 +93,27 @@ def _saved_parts(spec, b: int, precision: str, tp: int) -> tuple[list[int], int,
         head = norm + 2 * b * t * 4 + b * t * v * 4 + b * t * 8
         return [block] * spec.n_layers, (b * t + t) * 8, head
     raise ValueError(f"no activation model for {spec.name}")
+
+
+def _backward_transient(spec, b: int, precision: str, tp: int = 1) -> int:
+    """Bytes beside the saved activations at the step's peak, in backward: the model's output,
+    which the step holds until its backward is done (16-bit under autocast), and the larger of
+    the loss's gradient pair in fp32 (at the log-softmax's output and input, or mse's) and a
+    block's widest pair of activation gradients (at the GELU's or ReLU's output and input, in
+    the activations' dtype; the head's saved tensors freed by then). Compared category by
+    category with the fake-tensor step (``memory_fit.predict``): the transformer's 10 bytes a
+    logit this model missed put the H200's predicted edge 47 % above the measured one (2816
+    against 1920 samples), the mlp's two hidden-width gradients half its peak at large batches."""
+    e = _element_bytes(precision)
+    if spec.name == "transformer":
+        out = b * spec.seq_len * spec.vocab_size
+        head_saved = out * 4  # the log-softmax's fp32 output, freed with the loss's backward
+        widest = b * spec.seq_len * spec.mlp_ratio * spec.d_model // tp
+    else:
+        out = b * spec.out_features
+        head_saved = 2 * out * 4  # mse's input and target
+        widest = b * spec.hidden_features if spec.depth > 1 else 0
+    return out * e + max(8 * out, 2 * widest * e - head_saved)
 
 
 def _stage_bytes(spec, parts: tuple[list[int], int, int], lo: int, hi: int, *, first: bool,
@@ -158,6 +181,22 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
     # input counted once).
     btd_x = b * spec.seq_len * spec.d_model * (4 if mode in ("bf16", "fp16") else e)
     return float(spec.n_layers * btd_x + blocks[0] - btd_x + stem + head), None
+
+
+def backward_transient_bytes(cfg, *, batch_per_rank: int | None = None) -> float:
+    """The bytes beyond :func:`activation_bytes` the step holds at the start of backward (the
+    model's output and the loss's gradients: see ``_loss_transient``), per rank; NaN where the
+    activations have no model. Under ``pp`` the last stage's, per microbatch."""
+    from perfkit.measuring.training.config import workload_spec
+
+    spec, mode = workload_spec(cfg), _activation_precision(cfg)
+    if spec.name not in MODELLED or mode is None:
+        return math.nan
+    if cfg.parallelism == "pp":
+        b = cfg.batch_size // cfg.n_microbatches if batch_per_rank is None else batch_per_rank
+    else:
+        b = cfg.batch_size // cfg.dp_size if batch_per_rank is None else batch_per_rank
+    return float(_backward_transient(spec, b, mode, cfg.tp_size if cfg.parallelism != "pp" else 1))
 
 
 def activation_measure_reason(cfg) -> str | None:

@@ -1,9 +1,12 @@
 """The OOM edge: the largest global batch a training configuration fits, measured beside predicted.
 
 :func:`find_max_batch_size` runs :func:`perfkit.measuring.training.step.run_training` at growing batch
-sizes (each run isolated in its own processes, so an OOM ends a run, never the search) and puts
-the edges predicted beside the one it measured: :func:`perfkit.measuring.training.memory_model.predicted_max_batch`
-(the ZeRO accounting and the activation model, from shapes) and
+sizes, every probe in processes of its own (``isolate=True``, on every device): an OOM ends its
+probe and the memory it held, never the search or the probes after it. (Run in the caller, one
+OOM on the H200 left 134 GiB held by the calling process: every later probe ran out of memory,
+the search reported 1024 where isolated probes found 1920, and the next four runs of that
+process ended ``oom``.) It puts the edges predicted beside the one it measured:
+:func:`perfkit.measuring.training.memory_model.predicted_max_batch` (the analytic model, from shapes) and
 :func:`perfkit.measuring.training.memory_fit.largest_batch` (the step run on fake tensors).
 """
 
@@ -38,27 +41,31 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
 
     Returns ``max_batch_size`` (None if ``start`` does not fit), ``probes`` (batch size, status),
     ``stopped_by`` (a row whose status was neither ok nor oom, else None) and, beside the measured
-    edge, ``max_batch_size_predicted`` by :func:`perfkit.measuring.training.memory_model.predicted_max_batch`
-    for ``memory_budget_bytes`` per rank (default: the address-space headroom, else the GPU's
-    memory; None without a budget) and the ``memory_budget_bytes`` it used, and
+    edge, the predicted ones for ``memory_budget_bytes`` per rank (default: the address-space
+    headroom, else the GPU's memory; None without a budget) as a row has them:
+    ``max_batch_size_predicted_analytic`` by :func:`perfkit.measuring.training.memory_model.predicted_max_batch`,
     ``max_batch_size_predicted_fake`` by :func:`perfkit.measuring.training.memory_fit.largest_batch`
     from the fake-tensor step at ``start`` when ``predict_fake`` (two fake steps on this CPU
     first: seconds for a large model; None without it, without a budget or where the fake step
-    does not model the configuration: ``memory_fit.fit_reason``). Both count tensors; a CPU's address space
-    holds more (the allocator's and BLAS's own), so the measured edge lies at or below them.
+    does not model the configuration: ``memory_fit.fit_reason``), and ``max_batch_size_predicted``,
+    the fake one where there is one, else the analytic one (``max_batch_size_predicted_source``).
+    Both count tensors; a CPU's address space holds more (the allocator's and BLAS's own), so the
+    measured edge lies at or below them.
     """
     step = multiple_of or cfg.dp_size
     if not 1 <= start <= limit or start % step or step < 1:
         raise BadInputError(f"need 1 <= start <= limit and start a multiple of {step}")
     budget = memory_budget_bytes or memory_model.memory_budget(cfg, config_device(cfg))[0]
-    predicted = {"max_batch_size_predicted": None if budget is None else memory_model.predicted_max_batch(
-        cfg, budget, multiple_of=multiple_of or cfg.dp_size), "memory_budget_bytes": budget,
-        "max_batch_size_predicted_fake": _fake_edge(replace(cfg, batch_size=start), budget, step)
-        if predict_fake else None}
+    analytic = None if budget is None else memory_model.predicted_max_batch(cfg, budget, multiple_of=step)
+    fake = _fake_edge(replace(cfg, batch_size=start), budget, step) if predict_fake else None
+    edge, source = memory_fit.chosen_edge(fake, analytic)
+    predicted = {"max_batch_size_predicted": None if source is None else edge,
+                 "max_batch_size_predicted_source": source, "max_batch_size_predicted_analytic": analytic,
+                 "max_batch_size_predicted_fake": fake, "memory_budget_bytes": budget}
     probes: list[tuple[int, str]] = []
 
     def fits(batch: int) -> bool | dict:
-        row = run_training(replace(cfg, batch_size=batch), timeout_s)
+        row = run_training(replace(cfg, batch_size=batch), timeout_s, isolate=True)
         probes.append((batch, row["status"]))
         return True if row["status"] == OK else False if row["status"] == OOM else row
 

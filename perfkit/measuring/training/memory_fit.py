@@ -42,7 +42,9 @@ import torch
 from perfkit.core.errors import BadInputError
 
 __all__ = ["CATEGORIES", "PHASES", "FIT_PARALLELISMS", "ModuleMemory", "StepMemory", "fit_reason", "predict",
-           "largest_batch", "one_more_per_rank", "step_tracker", "tracking", "row_columns", "ddp_bucket_bytes"]
+           "largest_batch", "one_more_per_rank", "step_tracker", "tracking", "row_columns", "edge_columns",
+           "chosen_edge",
+           "ddp_bucket_bytes"]
 
 #: The categories a peak splits into, in the order reports stack them.
 CATEGORIES = ("parameters", "gathered_parameters", "gradients", "optimizer_state", "activations",
@@ -269,13 +271,51 @@ def _predict_elsewhere(cfg) -> StepMemory:
         return pool.submit(predict, cfg).result()
 
 
-def row_columns(cfg, rank_results: list[dict]) -> dict:
-    """The row's memory breakdown (``cfg.memory_breakdown``; else no columns): the tracked step of
+def edge_columns(cfg, budget_bytes: int | None, analytic_edge: float,
+                 prediction: StepMemory | None = None) -> dict:
+    """The row's predicted OOM edge, ``max_batch_size_predicted``: the fake-tensor step's
+    (:func:`largest_batch` through ``prediction``, made here when not given, and one sample more
+    per rank) wherever it models ``cfg`` and a per-rank budget exists, else the analytic model's
+    (``analytic_edge``, :func:`perfkit.measuring.training.memory_model.predicted_max_batch`);
+    both beside it (``max_batch_size_predicted_fake``, ``_analytic``), which one it is
+    (``max_batch_size_predicted_source``) and why there is no fake one. On the H200 the fake
+    step's edge was the measured one (1920 samples), the analytic model's then 47 % above it."""
+    reason = fit_reason(cfg) or (None if budget_bytes else "no per-rank memory budget")
+    fake = math.nan
+    if reason is None:
+        try:
+            base = prediction or _predict_elsewhere(cfg)
+            batch, _ = largest_batch(cfg, base, budget_bytes, one_more=_predict_elsewhere(one_more_per_rank(cfg)))
+            fake = math.nan if batch is None else batch
+            reason = None if batch is not None else "not one sample per rank fits the budget"
+        except Exception as error:  # noqa: BLE001 - a model fake tensors cannot run keeps its row
+            reason = f"the fake-tensor step failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    edge, source = chosen_edge(fake, analytic_edge)
+    return {"max_batch_size_predicted": edge, "max_batch_size_predicted_source": source,
+            "max_batch_size_predicted_fake": fake, "max_batch_size_predicted_fake_reason": reason}
+
+
+def chosen_edge(fake: float | None, analytic: float | None) -> tuple[float, str | None]:
+    """(the predicted OOM edge a row and the advice use, its source): the fake-tensor step's
+    where there is one (it runs the step's own code: the H200's edge to the sample), else the
+    analytic model's; (NaN, None) without either."""
+    def given(x) -> bool:
+        return x is not None and not math.isnan(x)
+
+    if given(fake):
+        return fake, "fake-tensor step"
+    return (analytic, "analytic model") if given(analytic) else (math.nan, None)
+
+
+def row_columns(cfg, rank_results: list[dict], *, budget_bytes: int | None = None,
+                analytic_edge: float = math.nan) -> dict:
+    """The row's memory breakdown (``cfg.memory_breakdown``; else none): the tracked step of
     the rank with the highest peak (``memory_tracked_*``, every rank's peak in
     ``memory_tracked_peak_bytes_per_rank``) beside the fake-tensor prediction of rank 0
-    (``memory_predicted_*``) and their ratio, rank 0's (``memory_predicted_over_tracked``)."""
+    (``memory_predicted_*``) and their ratio, rank 0's (``memory_predicted_over_tracked``); and
+    always the predicted OOM edge (:func:`edge_columns`, the breakdown's prediction reused)."""
     if not cfg.memory_breakdown:
-        return {}
+        return edge_columns(cfg, budget_bytes, analytic_edge)
     tracked = [r["memory"] for r in rank_results]
     peaks = [t.get("memory_tracked_peak_bytes", math.nan) for t in tracked]
     top = tracked[max(range(len(peaks)), key=lambda i: -math.inf if math.isnan(peaks[i]) else peaks[i])]
@@ -286,7 +326,7 @@ def row_columns(cfg, rank_results: list[dict]) -> dict:
         pred = _predict_elsewhere(cfg)
         out.update(pred.columns("memory_predicted_"))
         out["memory_predicted_over_tracked"] = pred.peak_bytes / peaks[0] if peaks[0] else math.nan
-    return out
+    return {**out, **edge_columns(cfg, budget_bytes, analytic_edge, pred if reason is None else None)}
 
 
 # ------------------------------------------------------------------------------ the fake step
@@ -410,6 +450,25 @@ def one_more_per_rank(cfg):
     return dataclasses.replace(cfg, batch_size=cfg.batch_size + cfg.dp_size)
 
 
+def _largest_per_rank(n0: int, at_n0: StepMemory, at_n1: StepMemory, budget_bytes: float) -> int:
+    """The most samples per rank whose every phase's peak fits ``budget_bytes``, each phase's
+    peak a line through its bytes at ``n0`` and ``n0 + 1`` samples. Phase by phase: at a small
+    batch the optimizer's step holds the step's peak and does not grow with the batch, and a
+    line through the step's peak alone (one byte a sample) put a 1 GiB mlp's edge at 3.2 million
+    samples where backward's own line puts it at 50 thousand."""
+    phases = [p for p in PHASES if p in at_n0.phase_peak_bytes and p in at_n1.phase_peak_bytes]
+    lines = ([(at_n0.phase_peak_bytes[p], at_n1.phase_peak_bytes[p]) for p in phases]
+             or [(at_n0.peak_bytes, at_n1.peak_bytes)])
+    most = math.inf
+    for here, more in lines:
+        if more > here:
+            most = min(most, n0 + math.floor((budget_bytes - here) / (more - here)))
+        elif here > budget_bytes:  # a phase the batch does not move, over the budget at any batch
+            return 0
+    # Nothing grows with the batch (no phase holds a batch-sized tensor at its peak): no edge to find.
+    return int(most) if math.isfinite(most) else 2**40
+
+
 def largest_batch(cfg, prediction: StepMemory, budget_bytes: float, *, one_more: StepMemory | None = None,
                   check: bool = False) -> tuple[int | None, StepMemory | None]:
     """The largest global batch (a multiple of the data-parallel size) whose predicted peak fits
@@ -422,10 +481,13 @@ def largest_batch(cfg, prediction: StepMemory, budget_bytes: float, *, one_more:
     dp = cfg.dp_size
     n0 = cfg.batch_size // dp
     one_more = one_more or predict(one_more_per_rank(cfg))
-    # A peak the batch does not move (nothing batch-sized held at it) is bounded by nothing but
-    # the integers: a byte per sample keeps the arithmetic finite and the answer huge.
-    per_sample = max(one_more.peak_bytes - prediction.peak_bytes, 1)
-    n = n0 + math.floor((budget_bytes - prediction.peak_bytes) / per_sample)
+    n = _largest_per_rank(n0, prediction, one_more, budget_bytes)
+    if n > 2 * n0 and n < 2**40:
+        # Far from the two points the peak's moment can move (a small batch's backward peaks
+        # as weight gradients appear, a large one's at the activation gradients): the line
+        # again through the answer and a sample more, where the edge is.
+        near = [predict(dataclasses.replace(cfg, batch_size=k * dp)) for k in (n, n + 1)]
+        n = _largest_per_rank(n, *near, budget_bytes)
     if not check:
         return (n * dp, None) if n >= 1 else (None, None)
     at = lambda k: predict(dataclasses.replace(cfg, batch_size=k * dp))  # noqa: E731

@@ -51,7 +51,8 @@ from perfkit.core.errors import BadInputError
 from perfkit.measuring.training import activations
 
 __all__ = ["BYTES_PER_PARAM", "ModelState", "predict_model_state", "local_param_shapes",
-           "predict_for_config", "measured_model_state", "fsdp_gathered", "predicted_max_batch", "memory_budget",
+           "predict_for_config", "measured_model_state", "fsdp_gathered", "predicted_max_batch", "predicted_peak_bytes",
+           "optimizer_peak_bytes", "memory_budget",
            "row_columns"]
 
 #: precision -> bytes per parameter element of (parameter, gradient, AdamW state).
@@ -249,18 +250,65 @@ def measured_model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
                       optim_state_bytes=_tensor_bytes(state))
 
 
+def _grads_held_through_the_step(cfg) -> bool:
+    """Whether a rank holds its gradients' bytes from one step into the next: DDP's reducer
+    keeps its buckets (the gradients, or their copies) from construction on; elsewhere
+    ``zero_grad(set_to_none=True)`` frees them before the forward."""
+    return cfg.parallelism in ("ddp", "zero1") and cfg.dp_size > 1
+
+
+def optimizer_peak_bytes(cfg, state: ModelState | None = None) -> float:
+    """The optimizer step's peak per rank: the model state, every gradient in it, and AdamW's
+    temporaries for the denominator sqrt(v)/bias_correction + eps: on a GPU its foreach path
+    (torch.optim.adamw ``_multi_tensor_adamw``, the default there) makes them for every tensor
+    at once (one state tensor's bytes, half of AdamW's two); on a CPU the per-tensor path
+    (``_single_tensor_adamw``) makes two of the largest parameter's at a time (the sqrt, then
+    the division)."""
+    from perfkit.measuring.training.config import config_device, workload_spec
+
+    state = state or predict_for_config(cfg)
+    if config_device(cfg) in ("cuda", "hip"):
+        temporaries = state.optim_state_bytes / 2
+    else:
+        work = _meta_workload(workload_spec(cfg))
+        shapes = local_param_shapes(work.model, cfg.tp_size, work.tp_plan)
+        sharded = "param" in _SHARDED.get(cfg.parallelism, set()) and cfg.dp_size > 1
+        largest = max((_fsdp_shard(s, cfg.dp_size) if sharded else math.prod(s) for s in shapes), default=0)
+        temporaries = 2 * largest * BYTES_PER_PARAM[cfg.precision][0]
+    return float(state.total_bytes + temporaries)
+
+
+def _backward_start_bytes(cfg, state: ModelState, batch_per_rank: int | None) -> float:
+    """The start of backward's bytes: the model state less the gradients not yet made
+    (:func:`_grads_held_through_the_step`), FSDP2's gathers, the saved activations and the loss's
+    transient (:func:`perfkit.measuring.training.activations.backward_transient_bytes`)."""
+    saved, _ = activations.activation_bytes(cfg, batch_per_rank=batch_per_rank)
+    transient = activations.backward_transient_bytes(cfg, batch_per_rank=batch_per_rank)
+    held = state.total_bytes - (0 if _grads_held_through_the_step(cfg) else state.grad_bytes)
+    return held + state.param_gather_bytes + saved + transient
+
+
+def predicted_peak_bytes(cfg, *, batch_per_rank: int | None = None, state: ModelState | None = None) -> float:
+    """A step's predicted peak per rank (not under ``pp``; NaN where the activations have no
+    model): the larger of the optimizer step's (:func:`optimizer_peak_bytes`) and the start of
+    backward's (:func:`_backward_start_bytes`). Checked against the fake-tensor step
+    (``memory_fit.predict``) for the built-in transformer and mlp (``tests/test_memory_model.py``)."""
+    state = state or predict_for_config(cfg)
+    backward = _backward_start_bytes(cfg, state, batch_per_rank)
+    return math.nan if math.isnan(backward) else max(backward, optimizer_peak_bytes(cfg, state))
+
+
 def predicted_max_batch(cfg, budget_bytes: float, *, multiple_of: int = 1) -> int | None:
-    """The largest global batch (a multiple of ``multiple_of``) whose predicted model state,
-    FSDP2 gathers and activations fit ``budget_bytes`` per rank; None if none does or the
-    activations have no model."""
+    """The largest global batch (a multiple of ``multiple_of``) whose :func:`predicted_peak_bytes`
+    fit ``budget_bytes`` per rank (under ``pp``: model state and activations, rank by rank); None
+    if none does or the activations have no model."""
     if cfg.parallelism == "pp":
         return _pipeline_max_batch(cfg, budget_bytes, multiple_of)
     state = predict_for_config(cfg)
-    per_sample, _ = activations.activation_bytes(cfg, batch_per_rank=1)
-    fixed, _ = activations.activation_bytes(cfg, batch_per_rank=0)  # position indices: not per sample
-    per_sample -= fixed
-    free = budget_bytes - state.total_bytes - state.param_gather_bytes - fixed
-    if math.isnan(per_sample) or free < per_sample:
+    fixed = _backward_start_bytes(cfg, state, 0)  # position indices: not per sample
+    per_sample = _backward_start_bytes(cfg, state, 1) - fixed
+    free = budget_bytes - fixed
+    if math.isnan(per_sample) or free < per_sample or optimizer_peak_bytes(cfg, state) > budget_bytes:
         return None
     # Activations grow with the per-rank batch, a dp_size-th of the global one.
     batch = int(free // per_sample) * cfg.dp_size
@@ -328,14 +376,16 @@ def _checkpointed_edge(cfg, budget) -> float:
 def row_columns(cfg, rank_results: list[dict], device: str = "cpu") -> dict:
     """Training-row columns: each rank's measured model state (the max over ranks) beside the
     prediction for ``cfg`` (a :class:`~perfkit.measuring.training.config.TrainConfig`), and the
-    largest batch predicted to fit the rank's :func:`memory_budget` (``max_batch_size_predicted``)."""
+    largest batch the analytic model predicts to fit the rank's :func:`memory_budget`
+    (``max_batch_size_predicted_analytic``; the row's ``max_batch_size_predicted`` is the
+    fake-tensor step's where it models the configuration: ``memory_fit.edge_columns``)."""
     predicted = predict_for_config(cfg)
     saved, reason = activations.activation_bytes(cfg)
     budget, source = memory_budget(cfg, device)
     edge = predicted_max_batch(cfg, budget, multiple_of=cfg.dp_size) if budget else None
     return {
         "memory_budget_bytes": budget, "memory_budget_source": source,
-        "max_batch_size_predicted": math.nan if edge is None else edge,
+        "max_batch_size_predicted_analytic": math.nan if edge is None else edge,
         "max_batch_size_predicted_checkpointed": _checkpointed_edge(cfg, budget),
         **{k: max(r[k] for r in rank_results) for k in ("param_bytes", "grad_bytes", "optim_state_bytes")},
         "param_bytes_predicted": predicted.param_bytes, "grad_bytes_predicted": predicted.grad_bytes,
