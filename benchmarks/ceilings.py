@@ -6,6 +6,12 @@
 (b) DRAM bandwidth: perfkit's DRAM plateau (C++ OpenMP triad) ÷ a STREAM triad written in C,
     compiled here with ``gcc -O3 -march=native -fopenmp`` in a temporary directory, its arrays
     sized by STREAM's rule (each >= 4x the last-level cache). Goal >= 0.90.
+(c) The compute ceiling against a plain matmul sweep: ``perfkit peaks``' quick ceiling of the
+    device's main dtype (fp32 on a CPU, bf16 on a GPU) ÷ the best rate of a plain ``a @ b`` over
+    squares doubling up to what fits (3 warm-ups and 20 timed calls per size, CUDA events on a
+    GPU, as ../shared/reference/gpu-h200/probes/matmul_reference_vs_ceiling.json measured it:
+    0.87 on the H200 before issue 43). Goal >= 0.97 on every device. ``--only-ceiling`` runs (c)
+    alone, ``--device`` picks the device.
 Each is also given as a fraction of the theoretical peak where one is known.
 
 Timings on a shared machine are only comparable within one run (DESIGN.md), so the two sides
@@ -105,12 +111,77 @@ def _stream_c(exe: Path, n: int, ntimes: int = 10) -> tuple[float, float]:
     return 24 * n / statistics.median(times), 24 * n / min(times)
 
 
+def _plain_matmul(device: str, dtype: torch.dtype, n: int, warmup: int = 3, calls: int = 20) -> tuple[float, float]:
+    """(best, median) FLOP/s of a plain ``a @ b`` of n-cubed: per-call CUDA events on a GPU, the
+    host clock around each call on a CPU."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(warmup):
+        a @ b
+    times = []
+    for _ in range(calls):
+        if device == "cpu":
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            a @ b
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    flop = 2 * n ** 3
+    return flop / min(times), flop / statistics.median(times)
+
+
+def _ceiling_vs_plain(device: str) -> float:
+    """(c): perfkit's quick ceiling ÷ the plain sweep's best, printed with every size and shape."""
+    on_cpu = device == "cpu"
+    dtype_name = "fp32" if on_cpu else "bf16"
+    dtype = torch.float32 if on_cpu else torch.bfloat16
+    t0 = time.perf_counter()
+    rows = ceilings.measure_ceilings(device, quick=True, dtypes=[dtype_name], curve=_FLAT_CURVE)
+    search_s = time.perf_counter() - t0
+    ours = rows[rows["kind"] == "compute"].iloc[0]
+    plain, n = {}, 256 if on_cpu else 1024
+    free = stream.free_memory_bytes(device)
+    while 6 * n * n * dtype.itemsize <= free // 2:  # sources and the result, with room
+        plain[n] = _plain_matmul(device, dtype, n)
+        if 2 * (2 * n) ** 3 / plain[n][0] > (1.0 if on_cpu else 0.5):  # the next size's call would be too long
+            break
+        n *= 2
+    ref_n = max(plain, key=lambda k: plain[k][0])
+    ratio = ours["value"] / plain[ref_n][0]
+    print(f"\n(c) {dtype_name} compute ceiling on {device}: perfkit's quick search vs a plain a @ b sweep")
+    print(f"    perfkit  {ours['value'] / 1e12:9.3f} TFLOP/s  best {ours['m']:.0f}x{ours['n']:.0f}x{ours['k']:.0f} "
+          f"({search_s:.1f} s); shapes tried (FLOP/s): {list(ours.get('shapes_tried', []))}")
+    print("    plain    " + ", ".join(f"{k}: best {v[0] / 1e12:.3f} median {v[1] / 1e12:.3f}" for k, v in plain.items())
+          + " TFLOP/s")
+    print(f"    ratio perfkit ceiling / plain best ({ref_n}^3) = {ratio:.3f}   (goal >= 0.97)")
+    return ratio
+
+
+# (c) needs only the compute rows: a flat made-up triad curve spares the bandwidth sweep.
+_FLAT_CURVE = None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="full bandwidth sweep (slower)")
+    parser.add_argument("--only-ceiling", action="store_true", help="only (c): the ceiling vs a plain matmul sweep")
+    parser.add_argument("--device", default="cpu", help="device of (c) (cpu, cuda); (a) and (b) are the CPU's")
     args = parser.parse_args(argv)
     quick = not args.full
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
+    global _FLAT_CURVE
+    import pandas as pd
+
+    _FLAT_CURVE = pd.DataFrame({"kernel": ["triad"] * 4, "threads": 1, "backend": "torch",
+                                "working_set_bytes": [2 ** 14, 2 ** 15, 2 ** 16, 2 ** 17], "bytes_per_s": [1e11] * 4})
+    _ceiling_vs_plain(args.device)
+    if args.only_ceiling:
+        return 0
 
     sizes = (512, 768, 1024, 1536, 2048, 3072, 4096)
     perfkit_runs, timer_runs = [], []

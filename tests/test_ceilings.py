@@ -317,6 +317,9 @@ def test_without_shapes_the_sizes_are_searched_and_the_ceiling_names_the_winner(
     assert (fp32["m"], fp32["n"], fp32["k"]) == (best["m"], best["n"], best["k"])
     assert fp32["value"] == best["flop_per_s"]
     assert f"searched shapes (best {best['m']}x{best['n']}x{best['k']})" in fp32["source"]
+    # Issue 43: every measurement of the search is listed in the row, the leaders' second ones too.
+    assert list(fp32["shapes_tried"]) == [f"{r.m}x{r.n}x{r.k} {r.flop_per_s:.4g}" for r in rows.itertuples()]
+    assert len(rows) > len(set(zip(rows["m"], rows["n"], rows["k"])))  # the leaders, measured again
 
 
 # ------------------------------------------------------------------------------ big-L3 server CPUs

@@ -38,7 +38,8 @@ __all__ = [
 #: Columns of the ceilings table, shared with the roofline analysis and the spec rows.
 CEILING_COLUMNS = ("kind", "dtype", "level", "value", "unit", "origin", "source", "method", "iqr",
                    "noisy", "working_set_bytes")
-#: Extra columns of compute ceilings: the (M, N, K) of the matmul that reached the ceiling.
+#: Extra columns of compute ceilings: the (M, N, K) of the matmul that reached the ceiling (and
+#: ``shapes_tried``: every measurement of the search, "MxNxK FLOP/s", in the order measured).
 MATMUL_SHAPE_COLUMNS = ("m", "n", "k")
 
 # Where the shape search (perfkit.measuring.kernels.shape_search) starts and how far it may go. The best size
@@ -98,7 +99,8 @@ def _search(device: str, dtype: str, quick: bool, rate) -> SearchResult:
                 and 12 * (m * k + k * n + m * n) <= free // 2)
 
     start = _CPU_START_N.get(dtype, 512) if on_cpu else 4096
-    return search_best_shape(rate, start, min_n=min_n, max_n=max_n, fits=fits)
+    # A GPU's squares up to 16384 take milliseconds: all of them, not a climb that stops on noise.
+    return search_best_shape(rate, start, min_n=min_n, max_n=max_n, fits=fits, exhaustive=not on_cpu)
 
 
 def _matmul_fn(device: str, dtype: str, m: int, n: int, k: int):
@@ -120,7 +122,11 @@ def _matmul_fn(device: str, dtype: str, m: int, n: int, k: int):
         return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     torch_dtype = getattr(torch, DTYPES[dtype])
     a, b = a.to(torch_dtype), b.to(torch_dtype)
-    out = torch.empty(m, n, device=device, dtype=torch_dtype)
+    if _kind(device) != "cpu":
+        # As a model's code calls it (the H200 reference: a plain `a @ b`): the caching allocator
+        # makes the output's allocation free, and cuBLAS picks its kernel for this call, not an out=.
+        return lambda: a @ b
+    out = torch.empty(m, n, device=device, dtype=torch_dtype)  # a CPU's malloc of C per call is not free
     return lambda: torch.matmul(a, b, out=out)
 
 
@@ -204,13 +210,15 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
     rows = []
     for dtype, group in mm.groupby("dtype", sort=False):
         best = group.loc[group["flop_per_s"].idxmax()]
+        tried = [f"{r.m}x{r.n}x{r.k} {r.flop_per_s:.4g}" for r in group.itertuples()]
         rows.append({"kind": "compute", "dtype": dtype, "level": None, "value": float(best["flop_per_s"]),
                      "unit": "FLOP/s", "origin": "measured",
                      "source": f"best torch.matmul over {len(group)} "
                                f"{'searched' if group['searched'].all() else 'given'} shapes "
                                f"(best {best['m']}x{best['n']}x{best['k']})",
                      "method": "matmul", "iqr": float(best["flop_per_s_iqr"]), "noisy": bool(best["noisy"]),
-                     "working_set_bytes": None, "m": int(best["m"]), "n": int(best["n"]), "k": int(best["k"])})
+                     "working_set_bytes": None, "m": int(best["m"]), "n": int(best["n"]), "k": int(best["k"]),
+                     "shapes_tried": tried})
     if curve is None:
         curve = measure_bandwidth_curve(device, quick=quick, kernels=["triad"], threads=threads,
                                         max_working_set_bytes=max_working_set_bytes)
@@ -234,6 +242,6 @@ def measure_ceilings(device: str = "cpu", quick: bool = True, *, dtypes: Sequenc
                      "working_set_min_bytes": lvl.working_set_min_bytes,
                      "working_set_max_bytes": lvl.working_set_max_bytes})
     table = pd.DataFrame(rows, columns=[*CEILING_COLUMNS, "working_set_min_bytes", "working_set_max_bytes",
-                                        *MATMUL_SHAPE_COLUMNS])
+                                        *MATMUL_SHAPE_COLUMNS, "shapes_tried"])
     table.attrs["memory_note"] = note
     return table
