@@ -200,3 +200,35 @@ def test_an_unknown_precision_is_bad_input():
 
     with pytest.raises(BadInputError, match="fp9"), precision.math_mode("fp9"):
         pass
+
+
+def test_the_h200_fp8_rows_are_told_why_fp8_is_slower_than_bf16():
+    # Issue 43: fp8 ran 3.2x (batch 128) and 5.5x (batch 32) slower than bf16 on the H200, eager and
+    # with d_model 1024: the rows now say why, from torchao's own guidance.
+    import json
+
+    import pandas as pd
+
+    from conftest import REFERENCE
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.fp8_notes import fp8_columns, worth_converting
+
+    folder = REFERENCE / "gpu-h200" / "results"
+    if not folder.exists():
+        pytest.skip(f"{folder} is absent (the shared H200 reference data)")
+    rows = pd.concat([pd.read_parquet(p) for p in sorted(folder.glob("train_step-*.parquet"))])
+    fp8 = rows[rows["precision"] == "fp8"]
+    assert len(fp8) == 2
+    for row in fp8.itertuples():
+        cfg = TrainConfig(model=row.model, model_size=json.loads(row.model_size), precision="fp8",
+                          batch_size=int(row.batch_size), seq_len=int(row.seq_len), compile=bool(row.compile))
+        got = fp8_columns(cfg)
+        # 4 blocks of q, k, v, out (1024x1024) and fc1 (4096x1024) below; fc2 (1024x4096) and the lm head (8192x1024) pay.
+        assert (got["fp8_linears"], got["fp8_linears_below_threshold"]) == (25, 20), got
+        assert "eager" in got["fp8_reason"] and "compile=True" in got["fp8_reason"]
+        assert "1024x1024, 4096x1024" in got["fp8_reason"]
+        compiled = fp8_columns(TrainConfig(**{**cfg.as_dict(), "compile": True}))
+        assert "eager" not in compiled["fp8_reason"] and compiled["fp8_linears_below_threshold"] == 20
+    assert fp8_columns(TrainConfig(model="transformer", precision="bf16")) == {}
+    # torchao's tensorwise filter: skip when out_features <= 4096 and in_features <= 1024.
+    assert not worth_converting(4096, 1024) and worth_converting(4097, 1024) and worth_converting(1024, 1025)

@@ -60,6 +60,7 @@ from perfkit.core.timing import Measurement
 from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
 from perfkit.measuring.training import memory_fit, parallel
+from perfkit.measuring.training import fp8_notes
 from perfkit.measuring.training.step_setup import (autocast_dtype, batch_seed, forward_backward,  # noqa: F401 - batch_seed: step's API
                                                    optimizer_step, prepare, rank_batch)
 from perfkit.measuring.ops import memory_snapshot as mem_snapshot
@@ -265,7 +266,10 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "peak_source": peak.source,
         "cpu_threads": peak.cpu_threads, "cpu_cores_counted": peak.cpu_cores,
         "mfu": mfu.utilisation(model_flop, step_s, peak),
-        "mfu_convention": mfu.mfu_convention(cfg.model, peak, first.get("flop_convention")),
+        "mfu_convention": mfu.mfu_convention(cfg.model, peak, first.get("flop_convention")) + (
+            "; fp8: the dense fp8 peak, an upper bound (only the converted Linears run in fp8)"
+            if cfg.precision == "fp8" else ""),
+        **fp8_notes.fp8_columns(cfg),
         "mfu_reason": first.get("flop_reason") or peak.reason,
         "model_family": first.get("model_family", "builtin"),
         **catalog.package_versions(first.get("model_family", "builtin")),
