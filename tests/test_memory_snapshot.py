@@ -169,3 +169,23 @@ def test_a_snapshot_on_the_cpu_is_a_skipped_row_with_the_reason():
     assert "CUDA/ROCm caching allocator" in row["error"] and "'cpu'" in row["error"]
     with pytest.raises(BadInputError, match="memory_snapshot_max_entries"):
         TrainConfig(model="mlp", memory_snapshot=True, memory_snapshot_max_entries=0)
+
+
+def test_the_h200_snapshot_replays_to_its_row_and_counts_what_was_held_before_the_window():
+    # Issue 43: the H200's hf:llama snapshot, read in place. Its window began after the process had
+    # put 31 MiB on the device (its earlier work in the same kernel, such as the FLOP-counting step): the
+    # summary counts them before the window, so the replayed peak is absolute and equals the row's.
+    import pandas as pd
+
+    from conftest import REFERENCE
+
+    folder = REFERENCE / "gpu-h200"
+    pickle_path = folder / "memory" / "hf-llama-bf16-b16-rank0.pickle"
+    if not pickle_path.exists():
+        pytest.skip(f"{pickle_path} is absent (the shared H200 reference data)")
+    summary = summarize(load(pickle_path))
+    rows = pd.concat([pd.read_parquet(p) for p in (folder / "results").glob("train_step-*.parquet")])
+    row = rows[rows["model"] == "hf:llama"].iloc[0]
+    assert summary.peak_allocated_bytes == row["memory_snapshot_peak_bytes"]
+    assert summary.bytes_before_window == 32_506_624, summary.bytes_before_window  # 31.0 MiB
+    assert 0 < summary.bytes_before_window < summary.allocated_at_end_bytes

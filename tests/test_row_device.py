@@ -152,3 +152,23 @@ def test_roofline_draws_no_gpu_roof_over_cpu_points():
     assert any("theoretical" in label for label in roofs(cpu_panel))
     assert not any("theoretical" in label for label in roofs(gpu_panel))
     assert any("spec" in label for label in roofs(gpu_panel))
+
+
+def test_a_model_library_version_is_the_package_own_string_with_its_build_tag(tmp_path, monkeypatch):
+    # Issue 43: on the H200 the row said torchvision '0.26.0' (its metadata) where torchvision and
+    # the fingerprint said '0.26.0+cu130'. Read without importing it (a CUDA torchvision does not
+    # import beside a CPU torch): a package whose metadata lacks the local build tag.
+    from perfkit.core import env
+
+    pkg = tmp_path / "fakevision"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    (pkg / "version.py").write_text("__version__ = '0.26.0+cu130'\ngit_version = 'abc'\n")
+    meta = tmp_path / "fakevision-0.26.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: fakevision\nVersion: 0.26.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert env.library_version("fakevision") == "0.26.0+cu130"
+    (pkg / "version.py").unlink()  # no version file: the metadata's
+    assert env.library_version("fakevision") == "0.26.0"
+    assert env.library_version("no_such_package_here") is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -99,7 +100,26 @@ MODEL_LIBRARIES = ("transformers", "torchvision")
 
 
 def library_version(package: str) -> str | None:
-    """The installed version of ``package`` (its metadata; nothing is imported), None if absent."""
+    """The installed version of ``package`` as the package itself says it (``__version__``, with
+    its build tag: torchvision's '0.26.0+cu130' where its metadata says '0.26.0', as torch's
+    says '2.11.0+cu130'), read from the imported module or from its ``version.py``/``__init__.py``
+    without importing it (a CUDA torchvision does not import beside a CPU torch); its metadata's
+    where neither names one; None if absent."""
+    module = sys.modules.get(package)
+    if isinstance(getattr(module, "__version__", None), str):
+        return module.__version__
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for name in ("version.py", "__init__.py"):
+            try:
+                text = Path(folder, name).read_text(errors="replace")
+            except OSError:
+                continue
+            if found := re.search(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M):
+                return found[1]
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

@@ -56,6 +56,10 @@ def recording(folder: str | Path | None, rank: int, *, max_entries: int = DEFAUL
     global _oom_path, _observer_attached
     end_path, oom_path = snapshot_paths(folder, rank)
     end_path.parent.mkdir(parents=True, exist_ok=True)
+    # What the process holds on the device before the window (an earlier step's cuBLAS workspace,
+    # caches, a test's tensors): the snapshot's bytes_before_window is this, unless its ring dropped
+    # events (on the H200 a test asserted 0 and read 2560 bytes held from before).
+    _allocated_before[str(end_path)] = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
                                              max_entries=max_entries)
     if not _observer_attached:  # torch keeps every observer attached: one per process
@@ -71,6 +75,8 @@ def recording(folder: str | Path | None, rank: int, *, max_entries: int = DEFAUL
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
+#: End snapshot path -> ``torch.cuda.memory_allocated()`` when its recording began (:func:`rank_columns`).
+_allocated_before: dict[str, int] = {}
 #: Where the OOM observer dumps while a :func:`recording` block runs (None: outside one).
 _oom_path: Path | None = None
 _observer_attached = False
@@ -83,7 +89,9 @@ def _on_oom(device, alloc, device_alloc, device_free) -> None:  # torch's observ
 
 def rank_columns(path: str | Path, *, top: int = 5) -> dict:
     """What a rank's result carries of its end snapshot: the file, the peak it replays to, and
-    the ``top`` stacks held at that peak (JSON ``[[stack, bytes], ...]``)."""
+    the ``top`` stacks held at that peak (JSON ``[[stack, bytes], ...]``), and the bytes the process
+    held on the device when the recording began (``memory_snapshot_allocated_before_bytes``: the
+    snapshot's ``bytes_before_window`` when its ring kept every event)."""
     import json
 
     from perfkit.analyse.memory_snapshot import load, summarize
@@ -91,4 +99,6 @@ def rank_columns(path: str | Path, *, top: int = 5) -> dict:
     summary = summarize(load(path), top=top)
     return {"memory_snapshot_path": str(path),
             "memory_snapshot_peak_bytes": summary.peak_allocated_bytes,
-            "memory_snapshot_top_at_peak": json.dumps([[s.stack, s.bytes] for s in summary.top_at_peak])}
+            "memory_snapshot_top_at_peak": json.dumps([[s.stack, s.bytes] for s in summary.top_at_peak]),
+            "memory_snapshot_allocated_before_bytes": _allocated_before.pop(str(path), None),
+            "memory_snapshot_bytes_before_window": summary.bytes_before_window}
