@@ -1,40 +1,68 @@
 #!/usr/bin/env bash
-# perfkit's GPU paths on a GPU node, in one prepared run of under 8 minutes.
+# perfkit's GPU paths on a GPU node, in one prepared run of under 8 minutes (second version:
+# every figure of the GPU trust issue, 43, whose H200 "before" is ../shared/reference/gpu-h200/).
 #
-#   bash benchmarks/gpu_check.sh [--dry-run] [OUT_DIR]      (OUT_DIR: default $OUT, else ./gpu-check)
+#   bash benchmarks/gpu_check.sh [--dry-run] [--wheels DIR] [OUT_DIR]   (OUT_DIR: default $OUT, else ./gpu-check)
 #
 # Steps, each bounded by `timeout` and run whatever the previous one did:
-#   env          perfkit env --json                                   -> env.json
-#   peaks        perfkit peaks --json (quick; shape search included)  -> peaks.json
-#   gpu_tests    the tests marked `gpu` (CUDA events, nccl, _scaled_mm, CUDA SDPA counting,
-#                compile=True on the GPU)                              -> gpu_tests.log
-#   train_bf16   the training step in bf16, MFU against the spec row  -> train_bf16.json
-#   nccl         one-rank nccl collectives, knobs checked on a live NCCL log -> nccl.json
-#   sdpa_count   count_ops of a bf16 scaled_dot_product_attention     -> sdpa_count.json
-# Every step's stderr goes to steps.log, the summary to summary.txt (8 files at most in OUT_DIR).
+#   env        perfkit env --json                                             -> env.json
+#   ceiling    the quick bf16 ceiling (its shapes tried) beside a plain a @ b
+#              sweep of 4096-16384, same process (H200 before: 0.87)          -> ceiling.json
+#   gpu_tests  the tests marked `gpu`                                         -> gpu_tests.log
+#   probes     JSON lines, one per probe as it ends: the isolated OOM-edge search
+#              beside both predictions (H200 before: 1920 measured and fake, 2816
+#              analytic); bf16 and fp8, eager and compiled (fp8_reason); the SDPA count -> probes.jsonl
+#   nccl       one-rank nccl collectives, knobs checked on a live NCCL log    -> nccl.json
+#   sweep      a small sweep through papermill (GEMM, roofline, training with a trace,
+#              hf:llama inference), its report, advice and per-configuration walls
+#              (its ledger), packed                                           -> sweep.tar.gz
+# Every step's stderr goes to steps.log, the summary to summary.txt: 8 files at most in OUT_DIR.
 # Without a GPU (torch.cuda.is_available() is False) the GPU-only steps are skipped and say so,
 # and the gpu-marked tests skip with their reason: the script's own logic runs on any machine.
-# --dry-run prints the plan and runs nothing. Exit 0 when no step failed.
+# --dry-run prints the plan and runs nothing. Exit 0 when no step failed, 2 on bad arguments.
 #
 # The environment: the node's own torch (CUDA/ROCm), pandas, pyarrow, pytest, used as they are
 # and nothing downloaded; perfkit runs from this checkout (PYTHONPATH), no install needed. The
 # interpreter is the repo's .venv or python3, whichever has a torch that sees a GPU; without
 # either, a `python3 -m venv --system-site-packages .venv` is created. PERFKIT_PYTHON overrides.
+# A node without the notebooks' packages (papermill, holoviews, ...) and without a network takes
+# them as wheels: --wheels DIR installs DIR/*.whl with `pip install --no-index --no-deps --target`
+# into a folder of its own, put on PYTHONPATH after the checkout. benchmarks/gpu_wheels.sh fills
+# DIR on a machine with a package index, for the node's Python version and platform.
 set -u
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 
 DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+WHEELS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1; shift ;;
+    --wheels) [ -n "${2:-}" ] || { echo "gpu_check: --wheels needs a folder of .whl files" >&2; exit 2; }
+              WHEELS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | grep -v '^set -u' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
 DEST="${1:-${OUT:-$REPO/gpu-check}}"
+if [ -n "$WHEELS" ] && ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  echo "gpu_check: --wheels $WHEELS holds no .whl files (fill it with benchmarks/gpu_wheels.sh)" >&2
+  exit 2
+fi
 
-# Seconds per step; together 450 s, so the run stays under 8 minutes with the venv's creation.
-STEPS=(env peaks gpu_tests train_bf16 nccl sdpa_count)
-declare -A LIMIT_S=([env]=30 [peaks]=90 [gpu_tests]=180 [train_bf16]=60 [nccl]=60 [sdpa_count]=30)
-declare -A GPU_ONLY=([env]=0 [peaks]=1 [gpu_tests]=0 [train_bf16]=1 [nccl]=1 [sdpa_count]=1)
+# Seconds per step; together 445 s, and installing --wheels ~30 s on a 16-core node (45 s for 70
+# wheels on 2 cores): under 8 minutes in all (the H200 took 128 s for the
+# first version's steps, 66 s for the isolated OOM search, 91 s for bf16/fp8 eager and compiled).
+STEPS=(env ceiling gpu_tests probes nccl sweep)
+declare -A LIMIT_S=([env]=20 [ceiling]=40 [gpu_tests]=85 [probes]=180 [nccl]=30 [sweep]=90)
+declare -A GPU_ONLY=([env]=0 [ceiling]=1 [gpu_tests]=0 [probes]=1 [nccl]=1 [sweep]=1)
 
 if [ "$DRY" = 1 ]; then
   echo "gpu_check (dry run): outputs would go to $DEST"
+  if [ -n "$WHEELS" ]; then
+    echo "  wheels: $(ls "$WHEELS"/*.whl | wc -l) from $WHEELS, installed first (--no-index --no-deps --target)"
+  fi
   total=0
   for s in "${STEPS[@]}"; do
     gpu=""; [ "${GPU_ONLY[$s]}" = 1 ] && gpu=" (GPU only: skipped without one)"
@@ -74,6 +102,32 @@ echo "gpu_check: python $PY"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
+WHEEL_NOTE="none given"
+if [ -n "$WHEELS" ]; then
+  SITE="$(mktemp -d "${TMPDIR:-/tmp}/perfkit-gpu-check-site.XXXXXX")"
+  trap 'rm -rf "$SITE"' EXIT
+  n=$(ls "$WHEELS"/*.whl | wc -l)
+  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+      "$WHEELS"/*.whl >>"$LOG" 2>&1; then
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+    WHEEL_NOTE="$n installed from $WHEELS"
+  else
+    WHEEL_NOTE="installing $n from $WHEELS failed (see steps.log)"
+  fi
+  echo "gpu_check: wheels: $WHEEL_NOTE"
+fi
+# What the sweep needs beside torch, said in the summary whichever way it went.
+DEPS_NOTE="$("$PY" -c "
+import importlib
+out = []
+for name in ('papermill', 'holoviews', 'bokeh', 'ipykernel', 'transformers'):
+    try:
+        out.append(name + ' ' + importlib.import_module(name).__version__)
+    except Exception as error:
+        out.append(name + ' missing (' + type(error).__name__ + ')')
+print(', '.join(out))" 2>>"$LOG")"
+echo "gpu_check: $DEPS_NOTE"
+
 if sees "$PY" "torch.cuda.is_available()"; then
   HAS_GPU=1
   echo "gpu_check: $("$PY" -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))")"
@@ -86,59 +140,28 @@ fi
 step_cmd() {
   case "$1" in
     env)        "$PY" -m perfkit.cli env --json ;;
-    peaks)      "$PY" -m perfkit.cli peaks --json --device cuda ;;
+    ceiling)    "$PY" benchmarks/gpu_probes.py ceiling ;;
     gpu_tests)  # only the files holding gpu-marked tests: others may import what this node lacks
                 "$PY" -m pytest $(grep -l "pytest.mark.gpu" tests/test_*.py) -m gpu -p no:cacheprovider -q -rs ;;
-    train_bf16) "$PY" - <<'EOF'
-import json
-from perfkit.core.devices import detect
-from perfkit.core.specs import spec_ceilings
-from perfkit.measuring.training.config import TrainConfig
-from perfkit.measuring.training.step import train_step_benchmark
-
-row = train_step_benchmark(TrainConfig(model="transformer", precision="bf16", device="cuda", steps=10,
-                                       batch_size=16))
-info = detect("cuda")
-spec = [r for r in spec_ceilings(info.name, getattr(info, "compute_units", None))
-        if r["kind"] == "compute" and r["dtype"] == "bf16"]
-keep = ("status", "resolved_device", "device_name", "step_time_s", "step_time_iqr_s", "samples_per_s",
-        "tokens_per_s", "model_flop_per_s", "peak_flop_per_s", "peak_source", "mfu", "mfu_convention",
-        "mfu_reason", "counted_flop_utilisation", "counted_flop_reason", "peak_mem_bytes", "loss_first", "loss_last")
-print(json.dumps({"row": {k: row.get(k) for k in keep}, "spec_bf16_rows": spec}, indent=2, default=str))
-EOF
-    ;;
-    nccl)       "$PY" - <<'EOF'
-import json
-from perfkit.measuring.collectives.benchmark import CollectivesConfig, run_collectives
-
-cfg = CollectivesConfig(ops=("all_reduce", "all_gather"), world_size=1, backend="nccl", min_bytes=1 << 16,
-                        max_bytes=1 << 24, factor=16, iters=10, env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"},
-                        timeout_s=55)
-rows = run_collectives(cfg)
-cols = ["op", "inplace", "size_bytes", "time_s", "busbw_bytes_per_s", "wrong_elements", "knob_check",
-        "algo_observed", "proto_observed", "knob_check_detail", "timed_nccl_debug"]
-print(json.dumps(rows[[c for c in cols if c in rows]].to_dict(orient="records"), indent=2, default=str))
-EOF
-    ;;
-    sdpa_count) "$PY" - <<'EOF'
-import json
-import torch
-import torch.nn.functional as F
-from torch.utils.flop_counter import sdpa_flop_count
-from perfkit.measuring.ops.counting import count_ops, coverage
-
-q, k, v = (torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-df = count_ops(F.scaled_dot_product_attention, q, k, v)
-print(json.dumps({"ops": df[["op", "family", "flop", "bytes_read", "bytes_written", "dtype"]].to_dict(orient="records"),
-                  "expected_attention_flop": sdpa_flop_count(q.shape, k.shape, v.shape),
-                  "uncounted": [u.op for u in coverage(df).uncounted]}, indent=2, default=str))
-EOF
-    ;;
+    probes)     "$PY" benchmarks/gpu_probes.py probes ;;
+    nccl)       "$PY" benchmarks/gpu_probes.py nccl ;;
+    sweep)      # the sweep's folder goes back packed, as one file
+                local work rc
+                work="$(mktemp -d "${TMPDIR:-/tmp}/perfkit-gpu-sweep.XXXXXX")"
+                "$PY" benchmarks/gpu_probes.py sweep-spec "$REPO" >"$work/spec.yaml" &&
+                  "$PY" -m perfkit.cli sweep "$work/spec.yaml" --out "$work/sweep" --workers 1 >&2
+                rc=$?
+                "$PY" -m perfkit.cli report "$work/sweep" -o "$work/sweep/report.html" >&2
+                "$PY" -m perfkit.cli advise "$work/sweep" >"$work/sweep/advise.md"
+                cp "$work/spec.yaml" "$work/sweep/"
+                tar -C "$work" -czf - sweep
+                rm -rf "$work"
+                return $rc ;;
   esac
 }
 
-declare -A OUTFILE=([env]=env.json [peaks]=peaks.json [gpu_tests]=gpu_tests.log [train_bf16]=train_bf16.json
-                    [nccl]=nccl.json [sdpa_count]=sdpa_count.json)
+declare -A OUTFILE=([env]=env.json [ceiling]=ceiling.json [gpu_tests]=gpu_tests.log [probes]=probes.jsonl
+                    [nccl]=nccl.json [sweep]=sweep.tar.gz)
 declare -A RESULT
 failed=0
 start_all=$(date +%s)
@@ -153,7 +176,7 @@ for s in "${STEPS[@]}"; do
   t0=$(date +%s)
   # step_cmd runs in a subshell under timeout's process group; --kill-after ends a step that
   # ignores SIGTERM (a hung NCCL call).
-  export -f step_cmd; export PY
+  export -f step_cmd; export PY REPO
   timeout --kill-after=10 "${LIMIT_S[$s]}" bash -c "step_cmd $s" >"$DEST/${OUTFILE[$s]}" 2>>"$LOG"
   rc=$?
   dt=$(( $(date +%s) - t0 ))
@@ -162,11 +185,15 @@ for s in "${STEPS[@]}"; do
   else RESULT[$s]="failed, exit $rc (${dt} s; see steps.log)"; failed=$((failed + 1))
   fi
   echo "   ${RESULT[$s]}"
-  if [ "$s" = gpu_tests ]; then tail -n 15 "$DEST/${OUTFILE[$s]}"; fi
+  case "$s" in
+    gpu_tests) tail -n 15 "$DEST/${OUTFILE[$s]}" ;;
+    ceiling|probes) cut -c1-400 "$DEST/${OUTFILE[$s]}" ;;
+  esac
 done
 
 {
   echo "gpu_check summary ($(( $(date +%s) - start_all )) s, outputs in $DEST)"
   for s in "${STEPS[@]}"; do printf '  %-11s %s\n' "$s" "${RESULT[$s]}"; done
+  echo "wheels: $WHEEL_NOTE; $DEPS_NOTE"
 } | tee "$DEST/summary.txt"
 [ $failed = 0 ]
