@@ -23,8 +23,8 @@ from perfkit.analyse.advice_rules import RULES
 from perfkit.cli import main
 
 BUILTIN = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom",
-           "collectives_latency_bound", "gemm_below_ceiling", "host_bound", "memory_bound_ops",
-           "precision_below_device", "noisy"]
+           "collectives_latency_bound", "gemm_below_ceiling", "host_bound", "launch_bound_generation",
+           "memory_bound_ops", "precision_below_device", "precision_slower", "noisy"]
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +277,7 @@ def test_the_headroom_advice_on_the_h200_rows_takes_the_fake_tensor_edge_and_nam
 
     from perfkit.analyse.advice import advise
     from perfkit.core.results import load
-    from perfkit.measuring.training.memory_fit import chosen_edge
+    from perfkit.measuring.training.memory_edge import chosen_edge
 
     folder = REFERENCE / "gpu-h200"
     if not folder.exists():

@@ -19,7 +19,7 @@ import pytest
 from conftest import NOTEBOOKS
 from perfkit.cli import main
 from perfkit.core.errors import BadInputError
-from perfkit.measuring.training import memory_fit
+from perfkit.measuring.training import memory_edge, memory_fit
 from perfkit.measuring.training.config import TrainConfig
 from perfkit.measuring.training.step import run_training
 
@@ -193,18 +193,18 @@ def test_memory_breakdown_needs_three_warm_up_steps_and_an_unmodelled_config_say
 @pytest.mark.slow
 def test_the_largest_batch_is_solved_from_two_points_then_confirmed_by_fake_steps():
     cfg = TrainConfig(model="transformer", parallelism="zero3", world_size=2, batch_size=8, seq_len=32)
-    base, one_more = memory_fit.predict(cfg), memory_fit.predict(memory_fit.one_more_per_rank(cfg))
+    base, one_more = memory_fit.predict(cfg), memory_fit.predict(memory_edge.one_more_per_rank(cfg))
     per_sample = one_more.peak_bytes - base.peak_bytes
     assert 0 < per_sample < base.batch_scaled_bytes  # not all the forward's bytes grow with the batch
     budget = base.peak_bytes + 5.5 * per_sample  # room for five more samples per rank
-    guess, _ = memory_fit.largest_batch(cfg, base, budget, one_more=one_more)
-    checked, at = memory_fit.largest_batch(cfg, base, budget, one_more=one_more, check=True)
+    guess, _ = memory_edge.largest_batch(cfg, base, budget, one_more=one_more)
+    checked, at = memory_edge.largest_batch(cfg, base, budget, one_more=one_more, check=True)
     assert guess == 8 + 5 * 2  # four per rank, five more: a multiple of the data-parallel size
     assert abs(checked - guess) <= 2, (guess, checked)  # within one step of the batch axis
     assert at.peak_bytes <= budget
     over = memory_fit.predict(dataclasses.replace(cfg, batch_size=checked + 2))
     assert over.peak_bytes > budget  # one more step of the batch axis does not fit
-    assert memory_fit.largest_batch(cfg, base, base.peak_bytes - 4 * per_sample, one_more=one_more) == (None, None)
+    assert memory_edge.largest_batch(cfg, base, base.peak_bytes - 4 * per_sample, one_more=one_more) == (None, None)
 
 
 @pytest.mark.slow

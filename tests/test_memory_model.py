@@ -225,7 +225,7 @@ _SMALL_GPT = {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab_size": 1024}
 ])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-pure"])
 def test_the_analytic_peak_and_edge_agree_with_the_fake_tensor_step(model, size, extra, batches, precision):
-    from perfkit.measuring.training import memory_fit
+    from perfkit.measuring.training import memory_edge, memory_fit
 
     for batch in batches:
         cfg = TrainConfig(model=model, model_size=size, precision=precision, batch_size=batch, steps=2,
@@ -235,7 +235,7 @@ def test_the_analytic_peak_and_edge_agree_with_the_fake_tensor_step(model, size,
         assert analytic == pytest.approx(fake.peak_bytes, rel=0.10), (batch, fake.at_peak, fake.phase_peak_bytes)
     # The edge both predict for a budget five times the larger batch's peak.
     budget = 5 * fake.peak_bytes
-    fake_edge, _ = memory_fit.largest_batch(cfg, fake, budget)
+    fake_edge, _ = memory_edge.largest_batch(cfg, fake, budget)
     assert mm.predicted_max_batch(cfg, budget) == pytest.approx(fake_edge, rel=0.10)
 
 
@@ -243,7 +243,7 @@ def test_the_h200_oom_edge_is_predicted_and_the_row_takes_the_fake_tensor_edge()
     probes = REFERENCE / "gpu-h200" / "probes" / "oom_edge_isolated.json"
     if not probes.exists():
         pytest.skip(f"{probes} is absent (the shared H200 reference data)")
-    from perfkit.measuring.training import memory_fit
+    from perfkit.measuring.training import memory_edge, memory_fit
 
     found = json.loads(probes.read_text())
     measured, fake, old_analytic = (found["max_batch_size"], found["max_batch_size_predicted_fake"],
@@ -257,6 +257,6 @@ def test_the_h200_oom_edge_is_predicted_and_the_row_takes_the_fake_tensor_edge()
     unrounded = mm.predicted_max_batch(cfg, found["memory_budget_bytes"])
     assert measured <= unrounded <= 1.10 * measured, unrounded  # at or above the edge: tensors only
     # What a row and the advice use: the fake-tensor step's edge where there is one.
-    assert memory_fit.chosen_edge(fake, old_analytic) == (1920, "fake-tensor step")
-    assert memory_fit.chosen_edge(math.nan, analytic) == (analytic, "analytic model")
-    assert memory_fit.chosen_edge(None, math.nan)[1] is None
+    assert memory_edge.chosen_edge(fake, old_analytic) == (1920, "fake-tensor step")
+    assert memory_edge.chosen_edge(math.nan, analytic) == (analytic, "analytic model")
+    assert memory_edge.chosen_edge(None, math.nan)[1] is None

@@ -35,7 +35,7 @@ import pandas as pd
 from ..core.errors import BadInputError
 from .compare_match import canon
 
-__all__ = ["NEAR_THRESHOLD", "Experiment", "Finding", "Rule", "advise", "findings_frame",
+__all__ = ["NEAR_THRESHOLD", "Experiment", "Finding", "Rule", "advise", "findings_frame", "is_note", "grouped_notes",
            # for rules (perfkit.analyse.advice_rules and a package's own)
            "finite", "flag", "is_noisy", "noisy_mask", "present", "rows_of", "notebook_of", "confidence_of",
            "confidence_below", "point_labels"]
@@ -149,6 +149,22 @@ def advise(rows: pd.DataFrame, rules: Sequence[Rule]) -> list[Finding]:
     return sorted(found, key=lambda f: (order[f.point], _rank_key(f)))
 
 
+def is_note(f: Finding) -> bool:
+    """A finding that costs no measured time (``cost_share`` NaN: memory headroom, a configuration's
+    shape): never a point's binding constraint, and said once for every point it holds for
+    (:func:`grouped_notes`). On the H200 folder one headroom note was "binding" in 8 of 14 points."""
+    return not finite(f.cost_share) and f.rule != "noisy"
+
+
+def grouped_notes(findings: Sequence[Finding]) -> list[tuple[Rule | str, list[Finding]]]:
+    """The notes (:func:`is_note`) by rule, in the order first seen: ``[(rule name, findings)]``."""
+    groups: dict[str, list[Finding]] = {}
+    for f in findings:
+        if is_note(f):
+            groups.setdefault(f.rule, []).append(f)
+    return list(groups.items())
+
+
 def _rank_key(f: Finding) -> tuple:
     cost = f.cost_share if f.cost_share == f.cost_share else -1.0  # NaN last
     return (f.rule == "noisy", -cost, f.confidence != "high")
@@ -163,9 +179,10 @@ def findings_frame(findings: Sequence[Finding]) -> pd.DataFrame:
         d = asdict(f)
         d["config_ids"] = list(f.config_ids)
         d["rank"] = rank_in_point[f.point]
+        d["note"] = is_note(f)
         records.append(d)
     columns = ["point", "rank", "rule", "constraint", "cost_share", "confidence", "robust", "summary", "advice",
-               "evidence", "source", "config_ids", "experiment"]
+               "evidence", "source", "config_ids", "experiment", "note"]
     return pd.DataFrame(records, columns=columns)
 
 

@@ -10,10 +10,11 @@ from collections.abc import Iterable
 import pandas as pd
 
 from .advice import Experiment, Finding, Rule, confidence_of, finite, flag, notebook_of, point_labels, rows_of
+from .compare_match import canon
 from .roofline import STEP_OP
 from .trace_breakdown import SHORT_KERNEL_US
 
-__all__ = ["host_bound", "memory_bound_ops", "precision_below_device"]
+__all__ = ["host_bound", "memory_bound_ops", "precision_below_device", "precision_slower", "BITS"]
 
 #: The faster precisions to try, by the precision a row ran, the smallest change first: fp32 → tf32
 #: (no autocast, fp32 range) before bf16; bf16 → fp8 (torchao). Ceiling rows name dtypes so.
@@ -159,3 +160,57 @@ def precision_below_device(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                     f"compute-bound ops reach the faster roof; check the loss trajectory stays where it was"),
             experiment=Experiment(notebook=notebook_of(first), parameter="precision", current=precision,
                                   proposed=proposed))
+
+
+# ------------------------------------------------------------------------------ a lower precision that is slower
+
+#: Bits of each precision's matmul operands: a lower one is expected to be at least as fast.
+BITS = {"fp8": 8, "bf16": 16, "fp16": 16, "bf16-pure": 16, "tf32": 19, "fp32": 32}
+#: The columns that make two training rows the same configuration but for their precision.
+_SAME = ("model", "model_size", "batch_size", "seq_len", "parallelism", "world_size", "compile", "compile_mode",
+         "activation_checkpointing", "device_name", "env_device_name")
+
+
+def precision_slower(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
+    """A training row at a lower precision whose step is over ``threshold`` x slower than the same
+    configuration at a higher one (on the H200: fp8 3.2x slower than bf16 at batch 128, eager, with
+    d_model 1024), said with why (the row's ``fp8_reason``; eager float8 where rows predate it)."""
+    rows = rows_of(ok, "train_step", "step_time_s")
+    if rows.empty or "precision" not in rows:
+        return
+    labels = point_labels(ok)
+    same = [c for c in _SAME if c in rows]
+    keys = rows[same].apply(lambda r: tuple(str(canon(v)) for v in r), axis=1) if same else pd.Series(0, rows.index)
+    for _, group in rows.groupby(keys, sort=False):
+        for i, row in group.iterrows():
+            bits = BITS.get(str(row["precision"]))
+            higher = group[group["precision"].map(lambda p: BITS.get(str(p), 0) > (bits or 99))]
+            if bits is None or higher.empty:
+                continue
+            best = higher.loc[higher["step_time_s"].astype(float).idxmin()]
+            ratio = float(row["step_time_s"]) / float(best["step_time_s"])
+            if ratio < rule.threshold:
+                continue
+            precision, other = str(row["precision"]), str(best["precision"])
+            why = row.get("fp8_reason") if isinstance(row.get("fp8_reason"), str) else None
+            compiled = flag(row, "compile")
+            if why is None and precision == "fp8" and not compiled:
+                why = ("fp8 ran eager: torchao's float8 training is meant to run under torch.compile, which fuses "
+                       "its scaling and casts")
+            if not compiled:
+                experiment = Experiment(notebook=notebook_of(row), parameter="compile", current=False, proposed=True)
+                try_ = f"compile it (compile=True), or keep {other}, which is faster here"
+            else:
+                experiment = Experiment(notebook=notebook_of(row), parameter="precision", current=precision,
+                                        proposed=other)
+                try_ = f"keep {other} for this model size: the lower precision does not pay here"
+            yield Finding(
+                rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
+                cost_share=1 - 1 / ratio, confidence=confidence_of(rule, ratio, row, best), source=rule.source,
+                robust=True,  # two steps' medians far apart: noise of a few percent cannot reverse a 2x
+                evidence={"precision": precision, "step_time_s": float(row["step_time_s"]), "faster_precision": other,
+                          "faster_step_time_s": float(best["step_time_s"]), "slower_by": ratio, "compile": compiled,
+                          "why": why or "not known from the rows", "faster_config_id": best["config_id"]},
+                summary=(f"{precision} steps take {ratio:.1f}x as long as {other} in the same configuration"
+                         + (f": {why}" if why else "")),
+                advice=try_, experiment=experiment)

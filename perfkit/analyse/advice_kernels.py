@@ -9,10 +9,11 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from .advice import Finding, Rule, confidence_below, finite, flag, noisy_mask, notebook_of, point_labels, rows_of
+from .advice import (Finding, Rule, confidence_below, finite, flag, noisy_mask, notebook_of, point_labels, present,
+                     rows_of)
 from .compare_match import canon
 
-__all__ = ["collectives_latency_bound", "gemm_below_ceiling", "noisy"]
+__all__ = ["collectives_latency_bound", "device_roof", "gemm_below_ceiling", "noisy"]
 
 
 # ------------------------------------------------------------------------------ collectives
@@ -68,19 +69,51 @@ def collectives_latency_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]
 # ------------------------------------------------------------------------------ GEMM
 
 
+_ORIGIN_ORDER = {"measured": 0, "spec": 1, "theoretical": 2}
+
+
+def _device_of(row: pd.Series) -> str:
+    """The device a row measured, by name where the fingerprint has one (rows of one folder may
+    come from several machines: each is held against its own device's roofs)."""
+    for column in ("env_device_name", "device_name", "env_device", "device"):
+        if present(row.get(column)) and str(row.get(column)):
+            return str(row.get(column))
+    return "?"
+
+
+def device_roof(ceilings: pd.DataFrame, device: str, dtype: str) -> tuple[float, str] | None:
+    """The compute roof of ``dtype`` on ``device`` and its origin in words: the best measured
+    ceiling of that device where one was measured, else its spec sheet's, else the theoretical;
+    None without any. (Issue 44: the max over every origin and device called the H200's spec
+    sheet, 989.4 TFLOP/s, the folder's "measured" ceiling, where it had measured 681-738.)"""
+    if ceilings.empty:
+        return None
+    mine = ceilings[(ceilings.apply(_device_of, axis=1) == device) & (ceilings["dtype"] == dtype)]
+    if mine.empty:
+        return None
+    origin = min(mine["origin"].fillna("measured"), key=lambda o: _ORIGIN_ORDER.get(o, 3))
+    rows = mine[mine["origin"].fillna("measured") == origin]
+    best = rows.loc[rows["value"].astype(float).idxmax()]
+    words = {"measured": "measured ceiling", "spec": "spec-sheet peak", "theoretical": "theoretical peak"}
+    return float(best["value"]), (f"{device}'s {words.get(origin, origin)} of {dtype} "
+                                  f"({origin}: {best.get('source')})")
+
+
 def gemm_below_ceiling(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
     labels = point_labels(ok)
     rows = rows_of(ok, "gemm", "flop_per_s")
     if rows.empty:
         return
     ceilings = ok[(ok.get("workload") == "ceiling") & (ok.get("kind") == "compute")] if "kind" in ok else ok.iloc[0:0]
-    for dtype, group in rows.groupby(rows["dtype"].fillna("?")):
-        roof = ceilings[ceilings["dtype"] == dtype]["value"].max() if len(ceilings) else math.nan
-        origin = "the folder's measured compute ceiling"
-        if not finite(roof):
+    devices = rows.apply(_device_of, axis=1)
+    for (device, dtype), group in rows.groupby([devices, rows["dtype"].fillna("?")]):
+        found = device_roof(ceilings, device, dtype)
+        if found is None:
             if len(group) < 2:
                 continue  # one GEMM and no ceiling: nothing to hold it against
-            roof, origin = float(group["flop_per_s"].max()), "the fastest GEMM of this dtype in the folder"
+            found = (float(group["flop_per_s"].max()),
+                     f"the fastest {dtype} GEMM on {device} in the folder (no ceiling of it here)")
+        roof, origin = found
         for i, row in group.iterrows():
             fraction = float(row["flop_per_s"]) / roof
             if fraction >= rule.threshold:
@@ -95,9 +128,10 @@ def gemm_below_ceiling(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                 cost_share=1 - fraction, confidence=confidence_below(rule, fraction, row) if robust else "low",
                 source=rule.source, robust=robust,
                 evidence={"flop_per_s": float(row["flop_per_s"]), "ceiling_flop_per_s": float(roof),
-                          "fraction_of_ceiling": fraction, "fastest_sample_fraction_of_ceiling": best,
+                          "ceiling_origin": origin, "fraction_of_ceiling": fraction,
+                          "fastest_sample_fraction_of_ceiling": best,
                           "m": row.get("m"), "n": row.get("n"), "k": row.get("k")},
-                summary=(f"reaches {fraction:.0%} of {origin} ({float(roof) / 1e9:.1f} GFLOP/s); its fastest "
+                summary=(f"reaches {fraction:.0%} of {origin}, {float(roof) / 1e12:.4g} TFLOP/s; its fastest "
                          f"sample {best:.0%}"),
                 advice=("too small to fill the device: fixed per-call cost dominates. Batch such GEMMs (bmm, "
                         "grouped GEMM), fuse them (torch.compile) or grow the shapes"))

@@ -1,5 +1,6 @@
 """perfkit's built-in advice rules, as data (:mod:`perfkit.analyse.advice` runs and ranks them): each
-rule's threshold and source here, its function in :mod:`.advice_training` or :mod:`.advice_kernels`.
+rule's threshold and source here, its function in :mod:`.advice_training`, :mod:`.advice_kernels`,
+:mod:`.advice_compute` or :mod:`.advice_inference`.
 
 Each rule reads columns that perfkit's notebooks record, compares one number with its threshold,
 and says where the threshold comes from. A rule finds nothing where its columns are absent: no
@@ -10,7 +11,9 @@ rule                       evidence (columns)                                  t
 =========================  ==================================================  =====================
 input_bound                dataloader: data_wait_share (median of per-step     5 % of the step:
                            shares), prep/fetch stalls; train_step: per-step     tb_plugin's
-                           data_time / (data_time + step_time)                 ``dataloader_ratio``
+                           data_time / (data_time + step_time), where it       ``dataloader_ratio``
+                           measured an input pipeline (data_source: not
+                           perfkit's own synthetic batch)
 straggler                  scaling: rank_compute_time_s (analyse.scaling's     10 % of the step:
                            step_breakdown: slowest rank vs the others)         the noisy flag's bound
 exposed_communication      scaling: step_time_s - compute_time_s - straggler   10 % of the step
@@ -22,15 +25,21 @@ memory_headroom            train_step: max_batch_size_predicted (the fake-     e
                            tensor step's, else the memory model's, against     (with activation
                            memory_budget_bytes) over batch_size; near the      checkpointing too)
                            edge, max_batch_size_predicted_checkpointed
-gemm_below_ceiling         gemm: flop_per_s against the folder's compute       50 % of the ceiling
-                           ceiling or its best GEMM of the dtype
+gemm_below_ceiling         gemm: flop_per_s against its own device's roof of   50 % of the ceiling
+                           the dtype (measured, else spec; origin named), or
+                           the device's best GEMM of the dtype
 host_bound                 any profiled row: trace_idle_share (HTA's idle      device idle >= 50 %:
                            time over the trace's window), short kernels        tb_plugin's low GPU
                                                                                utilization (< 0.5)
+launch_bound_generation    inference: decode_percent_of_roof and tpot_s at     under 10 % of the roof
+                           the smallest batch (roof time = tpot x fraction),   and under 1 ms of roof
+                           the prefill's beside it                             time (gpt-fast, 2023)
 memory_bound_ops           roofline: time_share of the ops whose bound is a    >= 50 % of the step
                            memory level
 precision_below_device     roofline: time_share of compute-bound ops at fp32,  faster roof >= 2 x
                            tf32 or bf16; the compute roofs by dtype            the current one
+precision_slower           train_step: step_time_s of the same configuration   1.2 x slower at the
+                           at two precisions; fp8_reason                       lower precision
 noisy                      noisy (IQR over 10 % of the median)                 core.timing's flag
 =========================  ==================================================  =====================
 """
@@ -41,6 +50,7 @@ from collections.abc import Sequence
 
 from ..core.errors import BadInputError
 from . import advice_compute as compute
+from . import advice_inference as inference
 from . import advice_kernels as kernels
 from . import advice_training as training
 from . import dataloading
@@ -76,12 +86,18 @@ RULES: tuple[Rule, ...] = (
          "Hockney alpha-beta model: below S_1/2 = alpha beta the per-call latency is over half the time "
          "(analyse/commfit.py)", kernels.collectives_latency_bound, "messages too small for the link's bandwidth"),
     Rule("gemm_below_ceiling", "far below the compute ceiling", 0.5,
-         "roofline (Williams et al., CACM 2009): attained FLOP/s against the measured compute roof",
+         "roofline (Williams et al., CACM 2009): attained FLOP/s against the row's own device's compute roof "
+         "of its dtype, measured where measured, else its spec sheet's (the origin is named)",
          kernels.gemm_below_ceiling, "a GEMM that reaches under half of what the device reaches"),
     Rule("host_bound", "host/launch-bound", 0.5,
          "pytorch/kineto tb_plugin RunProfileData._analyze_gpu_metrics: GPU utilization < 0.5 is low; "
          "idle time as Holistic Trace Analysis' temporal breakdown counts it (analyse/trace_breakdown.py)",
          compute.host_bound, "the device waits on the host between kernels"),
+    Rule("launch_bound_generation", "launch/host-bound generation", 0.10,
+         "roofline: a decode under 10 % of its roof whose roof time is under 1 ms waits on launches and "
+         "Python; gpt-fast (PyTorch blog 2023, 'Accelerating Generative AI with PyTorch II'): torch.compile "
+         "with a static KV cache and CUDA graphs, 25 -> 107 tokens/s on Llama-7B",
+         inference.launch_bound_generation, "decode far below its roof with little work per step"),
     Rule("memory_bound_ops", "memory-bound ops", 0.5,
          "roofline (Williams et al., CACM 2009): ops under their memory roof move bytes, not FLOP; over half "
          "the step there, fusion (fewer round trips to memory) is the lever", compute.memory_bound_ops,
@@ -91,6 +107,10 @@ RULES: tuple[Rule, ...] = (
          "a roof 2x higher at tf32/bf16 than at fp32, or at fp8 than at bf16 (tensor cores, AMX)",
          compute.precision_below_device,
          "compute-bound at a precision this device runs far faster at another"),
+    Rule("precision_slower", "slower at a lower precision", 1.2,
+         "a lower precision is expected to be no slower; torchao's float8 training is meant to run compiled and "
+         "pays only past its GEMM-size threshold (torchao.float8: _auto_filter_for_tensorwise, H100 benchmarks)",
+         compute.precision_slower, "a lower precision slower than a higher one in the same configuration"),
     Rule("noisy", "noisy measurement", 0.10,
          "perfkit core/timing.py: IQR over 10 % of the median flags a point noisy (DESIGN.md)", kernels.noisy,
          "the measurement cannot tell: rerun"),

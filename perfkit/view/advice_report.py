@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analyse.advice import advise
+from ..analyse.advice import advise, grouped_notes, is_note
 from ..analyse.advice_rules import all_rules
 
 __all__ = ["advised_rows", "advice_section", "verdicts"]
@@ -44,8 +44,10 @@ def advice_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output=None, r
     tested = verdicts(results_dir)
     binding = {}
     for f in findings:
-        binding.setdefault(f.point, f)
-    if not binding:
+        if not is_note(f):
+            binding.setdefault(f.point, f)
+    notes = grouped_notes(findings)
+    if not binding and not notes:
         return Parts((f"{_CSS}<p>No rule found a constraint in these rows (<code>perfkit advise --rules</code> "
                       f"lists what is checked).</p>",))
     head = ("<tr><th>configuration</th><th>binding constraint</th><th>share of its time</th><th>confidence</th>"
@@ -57,7 +59,14 @@ def advice_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output=None, r
         cells = [point, f.constraint, share, f.confidence, f.summary, f.advice,
                  v["text"] if v else ("perfkit advise --verify" if f.experiment is not None else "")]
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    others = len(findings) - len(binding)
-    note = (f"<p>{len(binding)} configurations with advice; {others} more findings below their binding one "
+    # A note (no time cost: memory headroom) once for every configuration it holds for, below the time costs.
+    for _, fs in notes:
+        cells = [f"{len(fs)} configuration{'s' if len(fs) != 1 else ''}: " + "; ".join(f.point for f in fs),
+                 f"note: {fs[0].constraint}", "not a time cost", fs[0].confidence,
+                 " / ".join(f.summary for f in fs), fs[0].advice, ""]
+        body.append('<tr class="note">' + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    others = len(findings) - len(binding) - sum(len(fs) for _, fs in notes)
+    note = (f"<p>{len(binding)} configurations with a binding constraint; {others} more findings below their "
+            f"binding one; {len(notes)} note{'s' if len(notes) != 1 else ''} that cost no time, each on one line "
             f"(<code>perfkit advise DIR</code> lists every finding with its evidence and the rule's source).</p>")
     return Parts((f'{_CSS}{note}<table class="pk"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>',))

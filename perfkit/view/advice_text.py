@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from ..analyse.advice import Finding
+from ..analyse.advice import Finding, grouped_notes, is_note
 from ..analyse.advice_rules import all_rules
 
 __all__ = ["render_terminal", "render_markdown", "to_json", "render_rules"]
@@ -43,19 +43,36 @@ def render_terminal(findings: list[Finding], *, directory, rows: pd.DataFrame) -
     lines = [f"perfkit advise {directory}: {ok} ok rows of {n} configuration{'s' if n != 1 else ''}"]
     if not findings:
         lines.append("  no rule found a constraint in these rows (perfkit advise --rules lists what is checked)")
-    for point, fs in _by_point(findings).items():
+    for point, fs in _by_point([f for f in findings if not is_note(f)]).items():
         lines.append(f"\n{point}")
         for rank, f in enumerate(fs, 1):
             tag = "binding" if rank == 1 and f.rule != "noisy" else f"#{rank}"
             lines.append(f"  {tag}: {f.constraint} ({_share(f)} of its time, {f.confidence} confidence) — {f.summary}")
-            lines.append(f"      try: {f.advice}")
-            lines.append(f"      evidence: {_evidence(f)}  [configs {', '.join(f.config_ids)}]")
-            lines.append(f"      rule: {f.rule} — {f.source}")
+            lines += _details(f)
+    for rule, fs in grouped_notes(findings):
+        what = next((r.description for r in all_rules() if r.name == rule), "")
+        lines.append(f"\nnote (not a time cost): {fs[0].constraint} in {len(fs)} configuration"
+                     f"{'s' if len(fs) != 1 else ''}: {what}")
+        lines.append(f"      rule: {rule} — {fs[0].source}")
+        for f in fs:
+            lines.append(f"  {f.point}: {f.summary}  [configs {', '.join(f.config_ids)}]")
             if f.experiment is not None:
-                e = f.experiment
-                what = e.parameter or e.env
-                lines.append(f"      experiment: {what} {e.current!r} -> {e.proposed!r} on {e.notebook}")
+                lines.append(f"      experiment: {_experiment(f)}")
     return "\n".join(lines)
+
+
+def _experiment(f: Finding) -> str:
+    e = f.experiment
+    also = "".join(f", {k}={v!r}" for k, v in e.also.items())
+    return f"{e.parameter or e.env} {e.current!r} -> {e.proposed!r}{also} on {e.notebook}"
+
+
+def _details(f: Finding) -> list[str]:
+    lines = [f"      try: {f.advice}", f"      evidence: {_evidence(f)}  [configs {', '.join(f.config_ids)}]",
+             f"      rule: {f.rule} — {f.source}"]
+    if f.experiment is not None:
+        lines.append(f"      experiment: {_experiment(f)}")
+    return lines
 
 
 def render_markdown(findings: list[Finding], *, directory) -> str:
@@ -64,11 +81,15 @@ def render_markdown(findings: list[Finding], *, directory) -> str:
         return "\n".join(lines + ["No rule found a constraint in these rows."]) + "\n"
     lines += ["| configuration | # | constraint | share of time | confidence | evidence | try |",
               "|---|---|---|---|---|---|---|"]
-    for point, fs in _by_point(findings).items():
+    cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    for point, fs in _by_point([f for f in findings if not is_note(f)]).items():
         for rank, f in enumerate(fs, 1):
-            cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
             lines.append(f"| {cell(point)} | {rank} | {cell(f.constraint)} | {_share(f)} | {f.confidence} | "
                          f"{cell(f.summary)} | {cell(f.advice)} |")
+    for _, fs in grouped_notes(findings):
+        points = "; ".join(f.point for f in fs)
+        lines.append(f"| {cell(points)} | note | {cell(fs[0].constraint)} | - | {fs[0].confidence} | "
+                     f"{cell(' / '.join(f.summary for f in fs))} | {cell(fs[0].advice)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ OOM on the H200 left 134 GiB held by the calling process: every later probe ran 
 the search reported 1024 where isolated probes found 1920, and the next four runs of that
 process ended ``oom``.) It puts the edges predicted beside the one it measured:
 :func:`perfkit.measuring.training.memory_model.predicted_max_batch` (the analytic model, from shapes) and
-:func:`perfkit.measuring.training.memory_fit.largest_batch` (the step run on fake tensors).
+:func:`perfkit.measuring.training.memory_edge.largest_batch` (the step run on fake tensors).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from perfkit.core.errors import BadInputError
 from perfkit.core.status import OK, OOM
-from perfkit.measuring.training import memory_fit, memory_model
+from perfkit.measuring.training import memory_edge, memory_fit, memory_model
 from perfkit.measuring.training.config import TrainConfig, config_device
 from perfkit.measuring.training.step import run_training
 
@@ -27,7 +27,7 @@ def _fake_edge(cfg: TrainConfig, budget: int | None, step: int) -> int | None:
     """The fake-tensor step's largest batch for ``budget``, down to a multiple of ``step``."""
     if budget is None or memory_fit.fit_reason(cfg):
         return None
-    batch, _ = memory_fit.largest_batch(cfg, memory_fit.predict(cfg), budget)
+    batch, _ = memory_edge.largest_batch(cfg, memory_fit.predict(cfg), budget)
     return None if batch is None else batch // step * step or None
 
 
@@ -44,7 +44,7 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     edge, the predicted ones for ``memory_budget_bytes`` per rank (default: the address-space
     headroom, else the GPU's memory; None without a budget) as a row has them:
     ``max_batch_size_predicted_analytic`` by :func:`perfkit.measuring.training.memory_model.predicted_max_batch`,
-    ``max_batch_size_predicted_fake`` by :func:`perfkit.measuring.training.memory_fit.largest_batch`
+    ``max_batch_size_predicted_fake`` by :func:`perfkit.measuring.training.memory_edge.largest_batch`
     from the fake-tensor step at ``start`` when ``predict_fake`` (two fake steps on this CPU
     first: seconds for a large model; None without it, without a budget or where the fake step
     does not model the configuration: ``memory_fit.fit_reason``), and ``max_batch_size_predicted``,
@@ -58,7 +58,7 @@ def find_max_batch_size(cfg: TrainConfig, *, start: int, limit: int, timeout_s: 
     budget = memory_budget_bytes or memory_model.memory_budget(cfg, config_device(cfg))[0]
     analytic = None if budget is None else memory_model.predicted_max_batch(cfg, budget, multiple_of=step)
     fake = _fake_edge(replace(cfg, batch_size=start), budget, step) if predict_fake else None
-    edge, source = memory_fit.chosen_edge(fake, analytic)
+    edge, source = memory_edge.chosen_edge(fake, analytic)
     predicted = {"max_batch_size_predicted": None if source is None else edge,
                  "max_batch_size_predicted_source": source, "max_batch_size_predicted_analytic": analytic,
                  "max_batch_size_predicted_fake": fake, "memory_budget_bytes": budget}

@@ -143,12 +143,12 @@ def _predict_all(cfg, compare: bool, say) -> dict:
     """Predictions of ``cfg`` and of it with one more sample per rank (the batch fit's second
     point), and (``compare``) the same two with activation checkpointing switched: this process
     and one spawned worker, on the two cores at once."""
-    from perfkit.measuring.training import memory_fit
+    from perfkit.measuring.training import memory_edge, memory_fit
 
-    configs = {"base": cfg, "base+1": memory_fit.one_more_per_rank(cfg)}
+    configs = {"base": cfg, "base+1": memory_edge.one_more_per_rank(cfg)}
     if compare:
         other = dataclasses.replace(cfg, activation_checkpointing=not cfg.activation_checkpointing)
-        configs.update({"other": other, "other+1": memory_fit.one_more_per_rank(other)})
+        configs.update({"other": other, "other+1": memory_edge.one_more_per_rank(other)})
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         there = {k: pool.submit(memory_fit.predict, c) for k, c in configs.items() if k.endswith("+1")}
         here = {k: memory_fit.predict(c, progress=say if k == "base" else None)
@@ -157,9 +157,9 @@ def _predict_all(cfg, compare: bool, say) -> dict:
 
 
 def _largest(cfg, pred, one_more, budget, check):
-    from perfkit.measuring.training import memory_fit
+    from perfkit.measuring.training import memory_edge
 
-    batch, _ = memory_fit.largest_batch(cfg, pred, budget, one_more=one_more, check=check)
+    batch, _ = memory_edge.largest_batch(cfg, pred, budget, one_more=one_more, check=check)
     return batch
 
 

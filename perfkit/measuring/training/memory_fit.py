@@ -18,10 +18,7 @@ makes the gradients those buckets' views). ``zero1`` is that step with the real 
 the fake world: rank 0's partition of the optimizer state. Not modelled: ``tp``, ``fsdp_tp``, ``pp``, fp8, compile;
 a GPU allocator's caching and rounding (the device holds more than the tensors), the CUDA context, NCCL's buffers.
 
-**The largest batch that fits** (:func:`largest_batch`): at a fixed sequence length the peak is a line in the
-per-rank batch, through the prediction and the one with a sample more per rank (two points, not the batch-scaled
-categories alone: autocast's 16-bit weight copies are made in the forward and held to backward, yet do not grow
-with the batch; a 7B Llama's are 13 GB). The line is solved for the budget; ``check`` steps the answer while off.
+**The largest batch that fits**: :mod:`perfkit.measuring.training.memory_edge`, from these predictions.
 
 **Per module** (:class:`ModuleMemory`): each module's parameter bytes (as held on this rank) and the bytes its
 forward leaves alive (what it saved for backward, and its output); the top ``top`` blocks by their sum.
@@ -42,9 +39,7 @@ import torch
 from perfkit.core.errors import BadInputError
 
 __all__ = ["CATEGORIES", "PHASES", "FIT_PARALLELISMS", "ModuleMemory", "StepMemory", "fit_reason", "predict",
-           "largest_batch", "one_more_per_rank", "step_tracker", "tracking", "row_columns", "edge_columns",
-           "chosen_edge",
-           "ddp_bucket_bytes"]
+           "predict_elsewhere", "step_tracker", "tracking", "row_columns", "ddp_bucket_bytes"]
 
 #: The categories a peak splits into, in the order reports stack them.
 CATEGORIES = ("parameters", "gathered_parameters", "gradients", "optimizer_state", "activations",
@@ -62,7 +57,6 @@ _CATEGORY_OF = {"Parameter": "parameters", "Sharded Param": "parameters", "Buffe
 BATCH_SCALED = ("activations", "temporaries", "inputs")
 #: Parallelisms the fake step models.
 FIT_PARALLELISMS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
-_PROBES = 3  # most fake steps largest_batch takes beyond its first, each way
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,7 +252,7 @@ def tracking(cfg, step: int, model, optimizer, work):
         yield tracked
 
 
-def _predict_elsewhere(cfg) -> StepMemory:
+def predict_elsewhere(cfg) -> StepMemory:
     """:func:`predict` in this process, or in a spawned one when this one is a rank of a job."""
     import torch.distributed as dist
 
@@ -271,62 +265,27 @@ def _predict_elsewhere(cfg) -> StepMemory:
         return pool.submit(predict, cfg).result()
 
 
-def edge_columns(cfg, budget_bytes: int | None, analytic_edge: float,
-                 prediction: StepMemory | None = None) -> dict:
-    """The row's predicted OOM edge, ``max_batch_size_predicted``: the fake-tensor step's
-    (:func:`largest_batch` through ``prediction``, made here when not given, and one sample more
-    per rank) wherever it models ``cfg`` and a per-rank budget exists, else the analytic model's
-    (``analytic_edge``, :func:`perfkit.measuring.training.memory_model.predicted_max_batch`);
-    both beside it (``max_batch_size_predicted_fake``, ``_analytic``), which one it is
-    (``max_batch_size_predicted_source``) and why there is no fake one. On the H200 the fake
-    step's edge was the measured one (1920 samples), the analytic model's then 47 % above it."""
-    reason = fit_reason(cfg) or (None if budget_bytes else "no per-rank memory budget")
-    fake = math.nan
-    if reason is None:
-        try:
-            base = prediction or _predict_elsewhere(cfg)
-            batch, _ = largest_batch(cfg, base, budget_bytes, one_more=_predict_elsewhere(one_more_per_rank(cfg)))
-            fake = math.nan if batch is None else batch
-            reason = None if batch is not None else "not one sample per rank fits the budget"
-        except Exception as error:  # noqa: BLE001 - a model fake tensors cannot run keeps its row
-            reason = f"the fake-tensor step failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-    edge, source = chosen_edge(fake, analytic_edge)
-    return {"max_batch_size_predicted": edge, "max_batch_size_predicted_source": source,
-            "max_batch_size_predicted_fake": fake, "max_batch_size_predicted_fake_reason": reason}
-
-
-def chosen_edge(fake: float | None, analytic: float | None) -> tuple[float, str | None]:
-    """(the predicted OOM edge a row and the advice use, its source): the fake-tensor step's
-    where there is one (it runs the step's own code: the H200's edge to the sample), else the
-    analytic model's; (NaN, None) without either."""
-    def given(x) -> bool:
-        return x is not None and not math.isnan(x)
-
-    if given(fake):
-        return fake, "fake-tensor step"
-    return (analytic, "analytic model") if given(analytic) else (math.nan, None)
-
-
-def row_columns(cfg, rank_results: list[dict], *, budget_bytes: int | None = None,
-                analytic_edge: float = math.nan) -> dict:
-    """The row's memory breakdown (``cfg.memory_breakdown``; else none): the tracked step of
+def row_columns(cfg, rank_results: list[dict]) -> tuple[dict, StepMemory | None]:
+    """The row's memory breakdown (``cfg.memory_breakdown``; else no columns): the tracked step of
     the rank with the highest peak (``memory_tracked_*``, every rank's peak in
     ``memory_tracked_peak_bytes_per_rank``) beside the fake-tensor prediction of rank 0
     (``memory_predicted_*``) and their ratio, rank 0's (``memory_predicted_over_tracked``); and
-    always the predicted OOM edge (:func:`edge_columns`, the breakdown's prediction reused)."""
+    that prediction (None without one), which :func:`perfkit.measuring.training.memory_edge.edge_columns`
+    reuses for the row's predicted OOM edge."""
     if not cfg.memory_breakdown:
-        return edge_columns(cfg, budget_bytes, analytic_edge)
+        return {}, None
     tracked = [r["memory"] for r in rank_results]
     peaks = [t.get("memory_tracked_peak_bytes", math.nan) for t in tracked]
     top = tracked[max(range(len(peaks)), key=lambda i: -math.inf if math.isnan(peaks[i]) else peaks[i])]
     out = {**top, "memory_tracked_peak_bytes_per_rank": peaks}
     reason = fit_reason(cfg)
     out["memory_predicted_reason"] = reason
+    pred = None
     if reason is None:
-        pred = _predict_elsewhere(cfg)
+        pred = predict_elsewhere(cfg)
         out.update(pred.columns("memory_predicted_"))
         out["memory_predicted_over_tracked"] = pred.peak_bytes / peaks[0] if peaks[0] else math.nan
-    return {**out, **edge_columns(cfg, budget_bytes, analytic_edge, pred if reason is None else None)}
+    return out, pred if reason is None else None
 
 
 # ------------------------------------------------------------------------------ the fake step
@@ -443,70 +402,3 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
     say(f"one step tracked ({time.perf_counter() - t0:.1f} s)")
     return StepMemory(peak_bytes=sum(at_peak.values()), at_peak=at_peak, phase_peak_bytes=phases,
                       modules=got.modules, seconds=time.perf_counter() - t0)
-
-
-def one_more_per_rank(cfg):
-    """``cfg`` with one more sample per data-parallel rank: the second point of the batch fit."""
-    return dataclasses.replace(cfg, batch_size=cfg.batch_size + cfg.dp_size)
-
-
-def _largest_per_rank(n0: int, at_n0: StepMemory, at_n1: StepMemory, budget_bytes: float) -> int:
-    """The most samples per rank whose every phase's peak fits ``budget_bytes``, each phase's
-    peak a line through its bytes at ``n0`` and ``n0 + 1`` samples. Phase by phase: at a small
-    batch the optimizer's step holds the step's peak and does not grow with the batch, and a
-    line through the step's peak alone (one byte a sample) put a 1 GiB mlp's edge at 3.2 million
-    samples where backward's own line puts it at 50 thousand."""
-    phases = [p for p in PHASES if p in at_n0.phase_peak_bytes and p in at_n1.phase_peak_bytes]
-    lines = ([(at_n0.phase_peak_bytes[p], at_n1.phase_peak_bytes[p]) for p in phases]
-             or [(at_n0.peak_bytes, at_n1.peak_bytes)])
-    most = math.inf
-    for here, more in lines:
-        if more > here:
-            most = min(most, n0 + math.floor((budget_bytes - here) / (more - here)))
-        elif here > budget_bytes:  # a phase the batch does not move, over the budget at any batch
-            return 0
-    # Nothing grows with the batch (no phase holds a batch-sized tensor at its peak): no edge to find.
-    return int(most) if math.isfinite(most) else 2**40
-
-
-def largest_batch(cfg, prediction: StepMemory, budget_bytes: float, *, one_more: StepMemory | None = None,
-                  check: bool = False) -> tuple[int | None, StepMemory | None]:
-    """The largest global batch (a multiple of the data-parallel size) whose predicted peak fits
-    ``budget_bytes`` per rank, and its prediction when ``check`` made one. The peak is a line in
-    the per-rank batch through ``prediction`` and ``one_more`` (the prediction of
-    :func:`one_more_per_rank`, made here when not given): two points, because part of what the
-    step holds does not grow with the batch though it is made in the forward (autocast's 16-bit
-    weight copies). ``check``: the answer predicted, and stepped by one sample per rank while it
-    is off (at most a few steps). (None, None) when not even one sample per rank fits."""
-    dp = cfg.dp_size
-    n0 = cfg.batch_size // dp
-    one_more = one_more or predict(one_more_per_rank(cfg))
-    n = _largest_per_rank(n0, prediction, one_more, budget_bytes)
-    if n > 2 * n0 and n < 2**40:
-        # Far from the two points the peak's moment can move (a small batch's backward peaks
-        # as weight gradients appear, a large one's at the activation gradients): the line
-        # again through the answer and a sample more, where the edge is.
-        near = [predict(dataclasses.replace(cfg, batch_size=k * dp)) for k in (n, n + 1)]
-        n = _largest_per_rank(n, *near, budget_bytes)
-    if not check:
-        return (n * dp, None) if n >= 1 else (None, None)
-    at = lambda k: predict(dataclasses.replace(cfg, batch_size=k * dp))  # noqa: E731
-    n = max(n, 1)
-    got = at(n)
-    # The peak is linear in the batch, so the guess is off by a step at most; a few probes each
-    # way bound the cost if a model's peak moves between phases.
-    if got.peak_bytes <= budget_bytes:
-        for _ in range(_PROBES):
-            more = at(n + 1)
-            if more.peak_bytes > budget_bytes:
-                break
-            n, got = n + 1, more
-        return n * dp, got
-    for _ in range(_PROBES):
-        if n == 1:
-            break
-        n -= 1
-        got = at(n)
-        if got.peak_bytes <= budget_bytes:
-            return n * dp, got
-    return None, None

@@ -378,7 +378,7 @@ def row_columns(cfg, rank_results: list[dict], device: str = "cpu") -> dict:
     prediction for ``cfg`` (a :class:`~perfkit.measuring.training.config.TrainConfig`), and the
     largest batch the analytic model predicts to fit the rank's :func:`memory_budget`
     (``max_batch_size_predicted_analytic``; the row's ``max_batch_size_predicted`` is the
-    fake-tensor step's where it models the configuration: ``memory_fit.edge_columns``)."""
+    fake-tensor step's where it models the configuration: ``memory_edge.edge_columns``)."""
     predicted = predict_for_config(cfg)
     saved, reason = activations.activation_bytes(cfg)
     budget, source = memory_budget(cfg, device)

@@ -59,7 +59,7 @@ from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, error_row, raise_
 from perfkit.core.timing import Measurement
 from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
-from perfkit.measuring.training import memory_fit, parallel
+from perfkit.measuring.training import memory_edge, memory_fit, parallel
 from perfkit.measuring.training import fp8_notes
 from perfkit.measuring.training.step_setup import (autocast_dtype, batch_seed, forward_backward,  # noqa: F401 - batch_seed: step's API
                                                    optimizer_step, prepare, rank_batch)
@@ -285,13 +285,16 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "grad_scale": first["grad_scale"],
         # The batch fetch, outside the timed step (slowest rank per step, as the step).
         "data_time_s": _median(data_samples),
+        # What data_time_s measured (perfkit.analyse.advice_training.data_source reads it).
+        "data_source": "data_delay_s" if cfg.data_delay_s else "the entry point's make_batch"
+        if catalog.family_of(cfg.model) == "entry" else "perfkit's synthetic batch",
         "data_time_samples_s": data_samples,
         "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
         "trace_reason": first["trace_reason"],
         **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
         **(state := memory_model.row_columns(cfg, rank_results, str(first["device"]).split(":")[0])),
-        **memory_fit.row_columns(cfg, rank_results, budget_bytes=state["memory_budget_bytes"],
-                                 analytic_edge=state["max_batch_size_predicted_analytic"]),
+        **(fit := memory_fit.row_columns(cfg, rank_results))[0],
+        **memory_edge.edge_columns(cfg, state["memory_budget_bytes"], state["max_batch_size_predicted_analytic"], fit[1]),
         **_snapshot_columns(rank_results),
         "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
         **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
