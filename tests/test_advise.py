@@ -301,3 +301,45 @@ def test_the_headroom_advice_on_the_h200_rows_takes_the_fake_tensor_edge_and_nam
     # A row written before the fake edge existed is named as what it is.
     old = advise(rows.drop(columns=["max_batch_size_predicted_source"]), [rule])[0]
     assert "by the analytic model" in old.summary and not math.isnan(old.evidence["max_batch_size_predicted"])
+
+
+def test_advise_on_the_h200_folder_names_what_a_performance_engineer_would(capsys):
+    # Issue 44, on the first real GPU folder (../shared/reference/gpu-h200/, rows read in place).
+    folder = REFERENCE / "gpu-h200"
+    if not (folder / "results").exists():
+        pytest.skip(f"{folder} is absent (the shared H200 reference data)")
+    findings = advise_json(folder)
+    by_point: dict[str, list[dict]] = {}
+    for f in findings:
+        by_point.setdefault(f["point"], []).append(f)
+    # 1. The decode of hf:llama, 0.65 % of its HBM roof at batch 1: launch/host-bound, first.
+    (inference,) = [p for p in by_point if p.startswith("inference")]
+    top_inference = by_point[inference][0]
+    assert top_inference["rule"] == "launch_bound_generation", by_point[inference]
+    assert top_inference["evidence"]["decode_percent_of_roof"] == pytest.approx(0.6526, abs=1e-3)
+    assert top_inference["experiment"]["parameter"] == "compile"
+    assert top_inference["experiment"]["also"] == {"compile_mode": "reduce-overhead"}
+    # 2. No configuration is input-bound: its data time is perfkit's own synthetic batch.
+    assert not [f for f in findings if f["rule"] == "input_bound"]
+    # 3. Every roof named is the row's own device's, with its origin.
+    for f in findings:
+        if f["rule"] == "gemm_below_ceiling":
+            origin = f["evidence"]["ceiling_origin"]
+            assert origin.startswith("NVIDIA H200's ") and ("(measured:" in origin or "(spec:" in origin), origin
+            if "bf16" in origin:  # the folder measured a bf16 roof: measured, not the spec sheet's 989.4
+                assert "(measured:" in origin and f["evidence"]["ceiling_flop_per_s"] < 800e12
+    # 4. The fp8 rows are told why fp8 is slower than a higher precision.
+    fp8 = [f for f in findings if f["rule"] == "precision_slower"]
+    assert {f["evidence"]["precision"] for f in fp8} == {"fp8"} and len(fp8) == 2
+    assert all("eager" in f["summary"] and f["evidence"]["slower_by"] > 3 for f in fp8)
+    # 5. Memory headroom: a note, never binding, after every time cost of its point, said once in the text.
+    headroom = [f for f in findings if f["rule"] == "memory_headroom"]
+    assert headroom and all(f["note"] for f in headroom)
+    for f in headroom:
+        costs = [g["rank"] for g in by_point[f["point"]] if g["cost_share"] is not None]  # time costs
+        assert all(rank < f["rank"] for rank in costs)
+    capsys.readouterr()  # advise_json's output
+    assert main(["advise", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("memory headroom") == 1 and "note (not a time cost): memory headroom in 10 configurations" in text
+    assert "binding: memory headroom" not in text

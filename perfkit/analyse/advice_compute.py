@@ -30,7 +30,10 @@ def host_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
     labels = point_labels(ok)
     rows = ok[ok["trace_idle_share"].map(finite)] if "trace_idle_share" in ok else ok.iloc[0:0]
     for i, row in rows.iterrows():
-        idle = float(row["trace_idle_share"])
+        # HTA's idle time includes the wait for the batch: that share is the input rule's, and a
+        # step idle on its input is told to add workers, not to compile (issue 44).
+        data = float(row["trace_data_wait_share"]) if finite(row.get("trace_data_wait_share")) else 0.0
+        idle = float(row["trace_idle_share"]) - data
         if idle < rule.threshold:
             continue
         compiled = flag(row, "compile")
@@ -56,15 +59,28 @@ def host_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
             cost_share=idle, confidence=confidence_of(rule, idle, row), source=rule.source,
-            evidence={"trace_idle_share": idle, "trace_short_kernel_share": short,
+            evidence={"host_idle_share": idle, "trace_idle_share": float(row["trace_idle_share"]),
+                      "trace_data_wait_share": data, "trace_short_kernel_share": short,
                       "trace_top_kernel": row.get("trace_top_kernel"),
                       "trace_top_kernel_share": float(row.get("trace_top_kernel_share", math.nan)),
                       "compile": compiled},
-            summary=f"the device is idle {idle:.0%} of the profiled window (threshold {rule.threshold:.0%}){launches}",
+            summary=(f"the device is idle {idle:.0%} of the profiled window, not counting its wait for data "
+                     f"(threshold {rule.threshold:.0%}){launches}"),
             advice=what, experiment=experiment)
 
 
 # ------------------------------------------------------------------------------ roofline
+
+
+def _narrow(row: pd.Series, keys: tuple[str, ...]) -> dict:
+    """The row's values of ``keys`` as a notebook takes them: plain Python, a whole float an int (a
+    roofline row's batch_size is a float beside its ceiling rows' NaN; the notebook wants an int)."""
+    out = {}
+    for k in keys:
+        if k in row and pd.notna(row[k]):
+            v = row[k].item() if hasattr(row[k], "item") else row[k]
+            out[k] = int(v) if isinstance(v, float) and v.is_integer() else v
+    return out
 
 
 def _step_rows(ok: pd.DataFrame) -> pd.DataFrame:
@@ -86,8 +102,7 @@ def memory_bound_ops(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
             continue
         top = memory.nlargest(3, "time_share")
         first = group.iloc[0]
-        narrow = {k: first[k].item() if hasattr(first[k], "item") else first[k]
-                  for k in ("model", "batch_size", "precision") if k in first and pd.notna(first[k])}
+        narrow = _narrow(first, ("model", "batch_size", "precision"))
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=labels[group.index[0]], config_ids=(config_id,),
             cost_share=share, confidence=confidence_of(rule, share, *[r for _, r in group.iterrows()]),
@@ -104,6 +119,7 @@ def memory_bound_ops(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                                   narrow=narrow))
 
 
+_ORIGINS = ("measured", "spec", "theoretical")
 _HOW = {"tf32": "TF32 tensor cores for fp32 matmuls, nothing else changes",
         "bf16": "autocast; fp32 master weights and loss", "fp8": "torchao's float8 training; bf16 elsewhere"}
 
@@ -133,14 +149,21 @@ def precision_below_device(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         # The roofs the points were placed against: the configuration's own (a folder may hold
         # several machines' rows), else the folder's; measured ones or the spec sheet's, one origin.
         roofs = _roofs(ok[ok["config_id"] == config_id]) or folder_roofs
-        origin = str(first.get("ceiling_origin") or "measured")
-        current_roof = roofs.get((origin, precision), math.nan)
-        # The first faster precision whose roof clears the threshold (a device without tf32 goes to bf16).
-        beaten = [(p, roofs[(origin, p)]) for p in FASTER[precision] if finite(roofs.get((origin, p)))
-                  and finite(current_roof) and roofs[(origin, p)] / current_roof >= rule.threshold]
+        placed = str(first.get("ceiling_origin") or "measured")
+        # The first faster precision whose roof clears the threshold (a device without tf32 goes to
+        # bf16), both roofs of one origin: the points' own where it has both, else the next that
+        # does (a default run measures only its own precision's roof: issue 44, the spec sheet's or
+        # the theoretical pair then say what the device does at the other).
+        beaten = []
+        for p in FASTER[precision]:
+            origin = next((o for o in dict.fromkeys((placed, *_ORIGINS))
+                           if finite(roofs.get((o, precision))) and finite(roofs.get((o, p)))), None)
+            if origin is not None and roofs[(origin, p)] / roofs[(origin, precision)] >= rule.threshold:
+                beaten.append((p, origin))
         if not beaten:
             continue
-        proposed, faster_roof = beaten[0]
+        proposed, origin = beaten[0]
+        current_roof, faster_roof = roofs[(origin, precision)], roofs[(origin, proposed)]
         ratio = faster_roof / current_roof
         compute = group[group["bound"] == "compute"]
         share = float(compute["time_share"].sum())
@@ -158,8 +181,11 @@ def precision_below_device(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
                      f"roof is {ratio:.1f}x its {precision} roof"),
             advice=(f"run the matmuls at {proposed} ({_HOW[proposed]}): up to {saving:.0%} of the step if the "
                     f"compute-bound ops reach the faster roof; check the loss trajectory stays where it was"),
-            experiment=Experiment(notebook=notebook_of(first), parameter="precision", current=precision,
-                                  proposed=proposed))
+            # The roofline notebook casts a model to fp64/fp32/bf16/fp16 and cannot run tf32 or fp8: the
+            # training step runs every precision, narrowed to the roofline's model and batch.
+            experiment=Experiment(notebook="train_step.ipynb", parameter="precision", current=precision,
+                                  proposed=proposed, metric="samples_per_s",
+                                  narrow=_narrow(first, ("model", "batch_size"))))
 
 
 # ------------------------------------------------------------------------------ a lower precision that is slower

@@ -25,7 +25,8 @@ from ..core.errors import BadInputError
 if TYPE_CHECKING:
     from ..run.sweep.executors import Executor
 
-__all__ = ["BASE", "ADVISED", "experiments", "spec_for", "write_specs", "speedup", "Verification", "verify"]
+__all__ = ["BASE", "ADVISED", "experiments", "spec_for", "write_specs", "speedup", "judged_point", "Verification",
+           "verify"]
 
 BASE, ADVISED = "current", "advised"
 
@@ -90,6 +91,18 @@ def spec_for(finding: Finding, directory: Path, *, rounds: int) -> dict:
     if devices > 1:
         spec["devices_per_config"] = devices
     return spec
+
+
+def judged_point(points, metric: str | None):
+    """The compared point a verdict stands on: of the experiment's metric (where it names one), the
+    step's (a roofline configuration compares every op and its ``<step>``), else the one with the
+    most samples. Not the first: compare lists the slowest first, which judged an advice by its
+    worst op (issue 44)."""
+    mine = points[points["metric"] == metric] if metric is not None and (points["metric"] == metric).any() else points
+    step = mine[mine["point"].astype(str).str.contains("<step>", regex=False)]
+    if len(step):
+        return step.iloc[0]
+    return mine.loc[(mine["n_base"].astype(float) + mine["n_new"].astype(float)).idxmax()]
 
 
 def _header(finding: Finding) -> str:
@@ -181,11 +194,14 @@ def verify(findings: list[Finding], directory: Path, *, top: int, rounds: int, p
             nan = float("nan")
             done.append(Verification(f, folder, "failed", nan, nan, nan, None, _line(f, "failed", (nan,) * 3, None)))
             continue
-        point = compare_by(rows, by="variant", base=BASE, metric=f.experiment.metric).points.iloc[0]
+        points = compare_by(rows, by="variant", base=BASE, metric=f.experiment.metric).points
+        point = judged_point(points, f.experiment.metric)
         speed = speedup(float(point["ratio"]), float(point["ci_low"]), float(point["ci_high"]),
                         bool(point["lower_is_better"]))
-        v = Verification(f, folder, str(point["verdict"]), *speed, str(point["metric"]),
-                         _line(f, str(point["verdict"]), speed, str(point["metric"])))
+        text = _line(f, str(point["verdict"]), speed, str(point["metric"]))
+        if len(points) > 1:
+            text += f" (judged on {point['point']}, 1 of {len(points)} points compared)"
+        v = Verification(f, folder, str(point["verdict"]), *speed, str(point["metric"]), text)
         # What the report's Advice section shows beside the advice (view/advice_report.py).
         (folder / "verdict.json").write_text(json.dumps(
             {"config_id": f.config_ids[0], "rule": f.rule, "verdict": v.verdict, "speedup": v.speedup,
