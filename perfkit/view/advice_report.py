@@ -61,10 +61,13 @@ def advice_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output=None, r
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     # A note (no time cost: memory headroom) once for every configuration it holds for, below the time costs.
     for _, fs in notes:
-        cells = [f"{len(fs)} configuration{'s' if len(fs) != 1 else ''}: " + "; ".join(f.point for f in fs),
-                 f"note: {fs[0].constraint}", "not a time cost", fs[0].confidence,
-                 " / ".join(f.summary for f in fs), fs[0].advice, ""]
-        body.append('<tr class="note">' + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        listed = "".join(f"<li>{html.escape(f.point)}: {html.escape(f.summary)}</li>" for f in fs)
+        where = (f"<details><summary>{len(fs)} configuration{'s' if len(fs) != 1 else ''}</summary>"
+                 f"<ul>{listed}</ul></details>")
+        shown = fs[0].summary + (f" (and {len(fs) - 1} more like it)" if len(fs) > 1 else "")
+        cells = [f"note: {fs[0].constraint}", "not a time cost", fs[0].confidence, shown, fs[0].advice, ""]
+        body.append(f'<tr class="note"><td>{where}</td>' + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                    + "</tr>")
     others = len(findings) - len(binding) - sum(len(fs) for _, fs in notes)
     note = (f"<p>{len(binding)} configurations with a binding constraint; {others} more findings below their "
             f"binding one; {len(notes)} note{'s' if len(notes) != 1 else ''} that cost no time, each on one line "
