@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, ceiling_row
 from perfkit.analyse.advice import advise
-from perfkit.analyse.advice_rules import select_rules
+from perfkit.analyse.advice.rules import select_rules
 
 G = 1e9
 TRACES = REPO.parent / "shared" / "reference" / "traces"

@@ -19,7 +19,7 @@ import pytest
 
 from _advice import advise_json, evidence_is_in_rows, record_as, top
 from conftest import REFERENCE, REPO
-from perfkit.analyse.advice_rules import RULES
+from perfkit.analyse.advice.rules import RULES
 from perfkit.cli import main
 
 BUILTIN = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..analyse.advice import advise, grouped_notes, is_note
-from ..analyse.advice_rules import all_rules
+from ..analyse.advice.rules import all_rules
 
 __all__ = ["advised_rows", "advice_section", "verdicts"]
 

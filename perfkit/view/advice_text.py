@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from ..analyse.advice import Finding, grouped_notes, is_note
-from ..analyse.advice_rules import all_rules
+from ..analyse.advice.rules import all_rules
 
 __all__ = ["render_terminal", "render_markdown", "to_json", "render_rules"]
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ..analyse.advice import Finding, advise
-from ..analyse.advice_rules import select_rules
+from ..analyse.advice.rules import select_rules
 from ..core.errors import BadInputError
 from .advice_text import render_markdown, render_rules, render_terminal, to_json
 

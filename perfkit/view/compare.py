@@ -116,7 +116,7 @@ def _check_args(args) -> None:
 def _advice_markdown(args, new_side: pd.DataFrame) -> str:
     """``perfkit advise``'s table of the new side (NEW_DIR's rows, or those of --by that are not the base)."""
     from ..analyse.advice import advise
-    from ..analyse.advice_rules import all_rules
+    from ..analyse.advice.rules import all_rules
     from .advice_text import render_markdown as advice_markdown
 
     if args.by is not None:

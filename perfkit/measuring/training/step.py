@@ -285,7 +285,7 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "grad_scale": first["grad_scale"],
         # The batch fetch, outside the timed step (slowest rank per step, as the step).
         "data_time_s": _median(data_samples),
-        # What data_time_s measured (perfkit.analyse.advice_training.data_source reads it).
+        # What data_time_s measured (perfkit.analyse.advice.training.data_source reads it).
         "data_source": "data_delay_s" if cfg.data_delay_s else "the entry point's make_batch"
         if catalog.family_of(cfg.model) == "entry" else "perfkit's synthetic batch",
         "data_time_samples_s": data_samples,

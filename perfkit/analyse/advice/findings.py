@@ -5,7 +5,7 @@ source its threshold comes from; it returns **findings** (:class:`Finding`), eac
 configurations it read (``config_ids``), its evidence as numbers, what to try, and where it can,
 the experiment that tests the advice (:class:`Experiment`: a parameter or an environment variable
 and the values to compare). The built-in rules, and those packages add by entry point, are
-gathered by :mod:`perfkit.analyse.advice_rules` (which imports this module, never the reverse).
+gathered by :mod:`perfkit.analyse.advice.rules` (which imports this module, never the reverse).
 
 **Ranking.** Every finding states ``cost_share``: the part of the configuration's time the
 constraint costs by its own evidence (the data-wait share of a step, the bubble fraction, the
@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..core.errors import BadInputError
-from .compare_match import canon
+from ...core.errors import BadInputError
+from ..compare_match import canon
 
 __all__ = ["NEAR_THRESHOLD", "Experiment", "Finding", "Rule", "advise", "findings_frame", "is_note", "grouped_notes",
-           # for rules (perfkit.analyse.advice_rules and a package's own)
+           # for rules (perfkit.analyse.advice.rules and a package's own)
            "finite", "flag", "is_noisy", "noisy_mask", "present", "rows_of", "notebook_of", "confidence_of",
            "confidence_below", "point_labels"]
 
@@ -126,7 +126,7 @@ def _noisy_configs(ok: pd.DataFrame) -> set[str]:
 
 def advise(rows: pd.DataFrame, rules: Sequence[Rule]) -> list[Finding]:
     """Every rule's findings on the ``ok`` rows, ranked: per point, the largest cost first
-    (``rules``: :func:`perfkit.analyse.advice_rules.all_rules`, or some of them).
+    (``rules``: :func:`perfkit.analyse.advice.rules.all_rules`, or some of them).
 
     On a configuration whose every row is noisy only ``robust`` findings stand beside the
     ``noisy`` rule's "rerun"."""

@@ -1,6 +1,6 @@
 """The advice rule of generation: a decode (or prefill) far below its roof with little work per
 step waits on kernel launches and Python, not on the device (its threshold and source:
-perfkit.analyse.advice_rules).
+perfkit.analyse.advice.rules).
 
 On the H200 (issue 44) ``hf:llama`` (6 layers, hidden 1024) decoded at 8.7 ms a token at batch 1:
 0.65 % of its HBM roof, whose bytes take 57 µs. Such a step is tens of kernel launches from
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from .advice import Experiment, Finding, Rule, finite, flag, notebook_of, point_labels, rows_of
+from .findings import Experiment, Finding, Rule, finite, flag, notebook_of, point_labels, rows_of
 
 __all__ = ["LAUNCH_WORK_S", "launch_bound_generation"]
 

@@ -1,5 +1,5 @@
 """The advice rules of kernels, collectives and noise: latency-bound collectives, a GEMM below the
-ceiling, noisy rows (their thresholds and sources: perfkit.analyse.advice_rules)."""
+ceiling, noisy rows (their thresholds and sources: perfkit.analyse.advice.rules)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from .advice import (Finding, Rule, confidence_below, finite, flag, noisy_mask, notebook_of, point_labels, present,
+from .findings import (Finding, Rule, confidence_below, finite, flag, noisy_mask, notebook_of, point_labels, present,
                      rows_of)
-from .compare_match import canon
+from ..compare_match import canon
 
 __all__ = ["collectives_latency_bound", "device_roof", "gemm_below_ceiling", "noisy"]
 
@@ -32,7 +32,7 @@ def collectives_latency_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]
     the link's own): share = 1 - (t_max - t_min)/t_max * S_max/(S_max - S_min), in [0, 1]. It is
     the alpha-beta fit's alpha over t_max with two points, and holds where noise leaves the fit
     bad; the fit (analyse/commfit.py) is given beside it when it describes the series."""
-    from .commfit import DEFAULT_BY, fit_alpha_beta
+    from ..commfit import DEFAULT_BY, fit_alpha_beta
 
     rows = rows_of(ok, "collectives", "size_bytes", "time_s")
     if rows.empty:

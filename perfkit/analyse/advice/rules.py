@@ -1,6 +1,6 @@
-"""perfkit's built-in advice rules, as data (:mod:`perfkit.analyse.advice` runs and ranks them): each
-rule's threshold and source here, its function in :mod:`.advice_training`, :mod:`.advice_kernels`,
-:mod:`.advice_compute` or :mod:`.advice_inference`.
+"""perfkit's built-in advice rules, as data (:mod:`perfkit.analyse.advice.findings` runs and ranks them): each
+rule's threshold and source here, its function in :mod:`.training`, :mod:`.kernels`,
+:mod:`.compute` or :mod:`.inference`.
 
 Each rule reads columns that perfkit's notebooks record, compares one number with its threshold,
 and says where the threshold comes from. A rule finds nothing where its columns are absent: no
@@ -48,13 +48,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core.errors import BadInputError
-from . import advice_compute as compute
-from . import advice_inference as inference
-from . import advice_kernels as kernels
-from . import advice_training as training
-from . import dataloading
-from .advice import Rule
+from ...core.errors import BadInputError
+from . import compute
+from . import inference
+from . import kernels
+from . import training
+from .. import dataloading
+from .findings import Rule
 
 __all__ = ["ENTRY_POINT_GROUP", "RULES", "all_rules", "select_rules"]
 

@@ -1,6 +1,6 @@
 """The advice rules of how a step computes: host/launch-bound, memory-bound ops dominating the
 step, compute-bound at a precision the device beats (their thresholds and sources:
-perfkit.analyse.advice_rules)."""
+perfkit.analyse.advice.rules)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from .advice import Experiment, Finding, Rule, confidence_of, finite, flag, notebook_of, point_labels, rows_of
-from .compare_match import canon
-from .roofline import STEP_OP
-from .trace_breakdown import SHORT_KERNEL_US
+from .findings import Experiment, Finding, Rule, confidence_of, finite, flag, notebook_of, point_labels, rows_of
+from ..compare_match import canon
+from ..roofline import STEP_OP
+from ..trace_breakdown import SHORT_KERNEL_US
 
 __all__ = ["host_bound", "memory_bound_ops", "precision_below_device", "precision_slower", "BITS"]
 

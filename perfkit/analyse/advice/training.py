@@ -1,5 +1,5 @@
 """The advice rules of training and data loading: input-bound, straggler, exposed communication,
-pipeline bubble, memory headroom (their thresholds and sources: perfkit.analyse.advice_rules)."""
+pipeline bubble, memory headroom (their thresholds and sources: perfkit.analyse.advice.rules)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from . import dataloading
-from .advice import (Experiment, Finding, Rule, confidence_of, finite, flag, is_noisy, notebook_of, point_labels,
+from .. import dataloading
+from .findings import (Experiment, Finding, Rule, confidence_of, finite, flag, is_noisy, notebook_of, point_labels,
                      rows_of)
-from .compare_match import canon
+from ..compare_match import canon
 
 __all__ = ["input_bound", "straggler", "exposed_communication", "pipeline_bubble", "memory_headroom"]
 
@@ -125,7 +125,7 @@ def input_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
 
 
 def _breakdown(ok: pd.DataFrame) -> pd.DataFrame:
-    from .scaling import step_breakdown
+    from ..scaling import step_breakdown
 
     rows = rows_of(ok, "scaling", "step_time_s", "compute_time_s")
     rows = rows[rows["world_size"] > 1] if len(rows) else rows
