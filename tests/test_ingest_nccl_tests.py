@@ -200,3 +200,62 @@ def test_rccl_tests_json_lines_read_with_perfkits_busbw_equal_to_the_records(ref
     # A record whose busBw is not its collective's at its rank count is refused, naming it.
     with pytest.raises(BadInputError, match="record 1: busBw .* is not all_reduce of 1024 B .* on 8 ranks"):
         nccl_tests.parse(text, source=name, world_size=8)
+
+
+# ------------------------------------------------------------------ files as users have them (issue 47)
+
+
+def test_a_log_of_several_runs_is_split_each_with_its_own_collective_world_size_and_version(reference_dir):
+    # What a loop over the binaries writes. A file of v2.16.7+ names each run's collective; today's
+    # reader kept the last one for every row (the 16-rank all_reduce run read as all_gather: refused).
+    first, second = "nccl-tests-nccl2.21.5-h100-2node-16rank-allreduce.txt", "nccl-tests-2.18.5-gb10-2node-allgather-16G.txt"
+    text = _text(reference_dir, first) + _text(reference_dir, second)
+    run = nccl_tests.parse(text, source="loop.log")
+    assert [(p.rows[0]["op"], p.rows[0]["world_size"], p.facts.get("tool_version")) for p in run.parts] == \
+        [("all_reduce", 16, None), ("all_gather", 2, "2.18.5")]
+    alone = [nccl_tests.parse(_text(reference_dir, name)).rows for name in (first, second)]
+    assert [r["busbw_bytes_per_s"] for r in run.rows] == [r["busbw_bytes_per_s"] for rows in alone for r in rows]
+    assert {r["run_index"] for r in run.rows} == {1, 2} and len(run.rows) == sum(map(len, alone))
+
+
+def test_legacy_logs_of_two_collectives_are_not_labelled_with_one_of_them(reference_dir):
+    # The legacy all_gather log followed by the reduce_scatter one: neither names its collective; the
+    # reader gave all 136 rows the op (--op all_gather labelled the reduce_scatter run all_gather too:
+    # the same busbw factor and message size, so nothing caught it). --op now settles only a run that
+    # more than one collective fits; the reduce_scatter run's redop column says what it is.
+    text = (_text(reference_dir, "nccl-tests-legacy-a100-8gpu-allgather-superbench.log")
+            + _text(reference_dir, "nccl-tests-legacy-a100-8gpu-reducescatter-superbench.log"))
+    run = nccl_tests.parse(text, op="all_gather", source="c.log")
+    ops = {}
+    for r in run.rows:
+        ops.setdefault(r["run_index"], set()).add(r["op"])
+    assert ops == {1: {"all_gather"}, 2: {"reduce_scatter"}} and len(run.rows) == 136
+    with pytest.raises(BadInputError, match=r"run 1 of 2, from line 1\).*fit all_gather, all_to_all: pass --op"):
+        nccl_tests.parse(text, source="c.log")
+
+
+@pytest.mark.parametrize("prefix", ["0: ", "[1,0]<stdout>:"], ids=["srun-l", "mpirun-tag-output"])
+def test_a_launcher_s_line_prefixes_are_read_through(reference_dir, prefix):
+    name = "nccl-tests-2.18.5-gb10-2node-allgather-16G.txt"
+    plain = nccl_tests.parse(_text(reference_dir, name))
+    tagged = "".join(prefix + line for line in _text(reference_dir, name).splitlines(keepends=True))
+    run = nccl_tests.parse(tagged, source="tagged.log")
+    assert run.rows == plain.rows and run.facts == plain.facts
+
+
+def test_perfkit_import_writes_each_run_with_its_own_fingerprint(reference_dir, tmp_path):
+    from perfkit.core.results import load
+
+    log = tmp_path / "loop.log"
+    log.write_text(_text(reference_dir, "nccl-tests-nccl2.21.5-h100-2node-16rank-allreduce.txt")
+                   + _text(reference_dir, "nccl-tests-2.18.5-gb10-2node-allgather-16G.txt"))
+    out = subprocess.run([sys.executable, "-m", "perfkit.cli", "import", "nccl-tests", str(log), "--out",
+                          str(tmp_path / "imp")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = load(tmp_path / "imp")
+    by_run = rows.groupby("run_index").agg(op=("op", "first"), n=("world_size", "first"),
+                                           device=("env_device_name", "first"), tool=("source_tool_version", "first"))
+    got = by_run.to_dict("index")
+    assert got[2] == {"op": "all_gather", "n": 2, "device": "NVIDIA GB10", "tool": "2.18.5"}
+    assert (got[1]["op"], got[1]["n"], got[1]["device"]) == ("all_reduce", 16, "NVIDIA H100 80GB HBM3")
+    assert got[1]["tool"] != got[1]["tool"]  # NaN: that run's file says no tool version

@@ -18,6 +18,10 @@ refused with that reason: no real file of it was found to test a reader on. One 
   size, a wrong collective, a corrupt line);
 - ``wrong_elements`` is ``#wrong`` (None where the check was off: ``N/A``, or the old ``error``).
 
+A file may hold several runs one after another (a loop over the binaries), each read with its
+own collective, world size, version and header (``run_index``), and lines may carry a
+launcher's prefix (``srun -l``'s ``0: ``, ``mpirun --tag-output``'s ``[1,0]<stdout>:``).
+
 The collective is the binary the file names; a file older than v2.16.7 names none, and it is
 inferred where one collective alone fits the columns and the busbw/algbw ratio (``all_reduce``
 at 2(n−1)/n), else the caller passes it (``op=``). A run that did not finish (no
@@ -101,9 +105,10 @@ def _split_row(line: str, leading: list[str]) -> dict | None:
     return cells
 
 
-def _infer_op(leading: list[str], cells: dict, world_size: int, source: str) -> str:
+def _infer_op(leading: list[str], cells: dict, world_size: int, source: str, hint: str | None = None) -> str:
     """The collective of a file that does not name it: the one whose busbw/algbw factor at this
-    world size and whose columns fit (a redop: a reduction; a root: broadcast)."""
+    world size and whose columns fit (a redop: a reduction; a root: broadcast); ``hint`` (a
+    file of several runs' ``--op``) picks among several that fit, and must be one of them."""
     algbw, busbw = float(cells["oop_algbw"]), float(cells["oop_busbw"])
     candidates = []
     for op in COLLECTIVES:
@@ -123,6 +128,11 @@ def _infer_op(leading: list[str], cells: dict, world_size: int, source: str) -> 
         raise BadInputError(f"{source} does not name its collective (no '# Collective test starting:' line, "
                             f"before nccl-tests 2.16.7), and at the {world_size} ranks it lists no collective's "
                             "busbw/algbw fits: pass the run's --world-size (a cut rank list?) and --op")
+    if hint is not None and len(candidates) > 1:
+        if hint not in candidates:
+            raise BadInputError(f"{source} does not name its collective, and its columns and busbw/algbw fit "
+                                f"{', '.join(candidates)}, not --op {hint}")
+        return hint
     if len(candidates) > 1:
         raise BadInputError(f"{source} does not name its collective (no '# Collective test starting:' line, "
                             f"before nccl-tests 2.16.7), and its columns and busbw/algbw fit {', '.join(candidates)}: "
@@ -144,17 +154,74 @@ def _check_busbw(row: dict, printed_busbw: str, time_text: str, where: str) -> N
                             "(pass --world-size or --op)")
 
 
+#: What launchers put before every line: ``srun -l``'s task number (``0: ``), ``mpirun
+#: --tag-output``'s ``[job,rank]<stdout>:``. A table row never starts so (its size has no colon).
+_LAUNCHER_PREFIX = re.compile(r"^(?:\s*\d+: ?|\[\d+,\d+\]<std(?:out|err)>: ?)")
+#: Lines that open a run's output: each binary of a loop over them prints these again.
+_OPENS_A_RUN = re.compile(r"^#\s*(?:nccl-tests version|Collective test starting:|nThread\s)|^rccl-tests: Version")
+
+
+def _without_launcher_prefixes(text: str) -> str:
+    """``text`` without a launcher's per-line prefix, where most lines carry one."""
+    lines = text.splitlines()
+    marked = [bool(_LAUNCHER_PREFIX.match(line)) for line in lines if line.strip()]
+    if not marked or sum(marked) < len(marked) / 2:
+        return text
+    return "\n".join(_LAUNCHER_PREFIX.sub("", line, count=1) for line in lines)
+
+
+def _runs(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) of each run in ``text``: a line that opens a run's output
+    (:data:`_OPENS_A_RUN`) after a table header starts the next run (what ``for b in *_perf; do
+    $b ...; done > log`` writes)."""
+    runs, start, current, seen_header = [], 1, [], False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if seen_header and _OPENS_A_RUN.match(line):
+            runs.append((start, "\n".join(current)))
+            start, current, seen_header = number, [], False
+        current.append(line)
+        seen_header = seen_header or (line.startswith("#") and " size " in f" {line.lstrip('#')} "
+                                      and "count" in line and "time" in line)
+    runs.append((start, "\n".join(current)))
+    return runs
+
+
 def parse(text: str, *, op: str | None = None, world_size: int | None = None, partial: bool = False,
           source: str = "the file") -> ParsedRun:
-    """Read one nccl-tests/rccl-tests stdout (module docstring). ``op``: the collective, where
-    the file does not name it; ``world_size``: the ranks, where the file's rank list is cut;
+    """Read nccl-tests/rccl-tests stdout (module docstring): one run, or several one after another
+    (a loop over the binaries: each its own collective, world size, version and header; its rows
+    carry ``run_index``, and ``parts`` holds each run with its own facts), with or without a
+    launcher's line prefixes (``srun -l``, ``mpirun --tag-output``). ``op``: the collective,
+    where a run does not name it; ``world_size``: the ranks, where a run's rank list is cut;
     ``partial``: keep the rows of a run that did not finish, marked ``failed``."""
     if op is not None and op not in COLLECTIVES:
         raise BadInputError(f"--op {op!r}: one of {', '.join(COLLECTIVES)}")
     if not text.strip():
         raise BadInputError(f"{source} is empty")
+    text = _without_launcher_prefixes(text)
     if text.lstrip().startswith(("{", "[")):
         return _parse_json_lines(text, op=op, world_size=world_size, source=source)
+    runs = [(start, body) for start, body in _runs(text) if body.strip()]
+    if len(runs) == 1:
+        return _parse_run(runs[0][1], op=op, world_size=world_size, partial=partial, source=source)
+    parts = []
+    for index, (start, body) in enumerate(runs, start=1):
+        part = _parse_run(body, op=op, world_size=world_size, partial=partial, op_is_hint=True,
+                          source=f"{source} (run {index} of {len(runs)}, from line {start})", first_line=start)
+        for row in part.rows:
+            row["run_index"] = index
+        parts.append(part)
+    unfinished = [p for p in parts if not p.finished]
+    return ParsedRun(rows=[r for p in parts for r in p.rows], facts=parts[0].facts, parts=parts,
+                     finished=not unfinished, reason=unfinished[0].reason if unfinished else None)
+
+
+def _parse_run(text: str, *, op: str | None, world_size: int | None, partial: bool, source: str,
+               first_line: int = 1, op_is_hint: bool = False) -> ParsedRun:
+    """One run's stdout (``first_line``: where it starts in the file, for the line numbers said;
+    ``op_is_hint``: the run is one of several, and ``op`` only settles an unnamed collective that
+    more than one fits: applied as given to every run, it would label a reduce_scatter run of a
+    legacy log all_gather, whose busbw factor and message size are the same)."""
     facts: dict = {"backend": "nccl"}
     ranks: dict[int, tuple[str, str]] = {}
     named_op = iters = leading = None
@@ -162,7 +229,7 @@ def parse(text: str, *, op: str | None = None, world_size: int | None = None, pa
     failures: list[str] = []
     finished = False
     pending: tuple[int, str] | None = None  # a row-like line that did not parse
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines(), start=first_line):
         line = raw.rstrip()
         if m := _VERSION.match(line):
             facts["backend"], facts["tool_version"] = m.group(1), m.group(2)
@@ -217,9 +284,12 @@ def parse(text: str, *, op: str | None = None, world_size: int | None = None, pa
         if not partial:
             raise BadInputError(f"{source}: {reason}; its rows are not a complete run (--partial imports "
                                 "them marked failed)")
-    if named_op and op and op != named_op:
+    if named_op and op and op != named_op and not op_is_hint:
         raise BadInputError(f"{source} is {named_op}'s output (its '# Collective test starting' line), not {op}'s")
-    op = named_op or op or _infer_op(leading, rows_cells[-1][1], n, source)
+    if named_op:
+        op = named_op
+    elif op is None or op_is_hint:  # one of several runs: --op only picks among what fits each
+        op = _infer_op(leading, rows_cells[-1][1], n, source, hint=op)
     hosts = sorted({h for h, _ in ranks.values()})
     devices = sorted({d for _, d in ranks.values()})
     facts.update({"device": "cuda", "device_kind": "rocm" if facts["backend"] == "rccl" else "cuda",

@@ -41,3 +41,6 @@ class ParsedRun:
     finished: bool = True
     """False: the run stopped before its end (``reason`` says how; nccl-tests' ``--partial``)."""
     reason: str | None = None
+    parts: list["ParsedRun"] = field(default_factory=list)
+    """A file of several runs (nccl-tests' binaries one after another): each run with its own
+    facts; ``rows`` are all of theirs. Empty for a file of one run."""

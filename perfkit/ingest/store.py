@@ -107,14 +107,13 @@ def import_files(kind: str, paths: Sequence[str | Path], out_dir: str | Path, **
         if target.exists():
             done.unchanged.append(str(path))
             continue
-        frame = pd.DataFrame(run.rows)
+        # A file of several runs: each run's rows with its own facts (tool version, library, hosts).
+        frame = pd.concat([pd.DataFrame(part.rows).assign(
+            source_tool_version=part.facts.get("tool_version"), backend=part.facts.get("backend"),
+            **env.flat_columns({**part.facts, "source": kind})) for part in (run.parts or [run])], ignore_index=True)
         frame.insert(0, "config_id", target.stem)
-        facts = {**run.facts, "source": kind}
-        frame = frame.assign(
-            source=kind, source_path=str(path.resolve()), source_sha256=digest,
-            source_tool_version=run.facts.get("tool_version"), backend=run.facts.get("backend"),
-            param_names=json.dumps([]), notebook=None, recorded_at=now,
-            **env.flat_columns(facts))
+        frame = frame.assign(source=kind, source_path=str(path.resolve()), source_sha256=digest,
+                             param_names=json.dumps([]), notebook=None, recorded_at=now)
         write_rows(frame, target)
         done.added.append((str(path), len(frame)))
     return done
