@@ -111,3 +111,26 @@ def test_the_report_draws_imported_serving_runs_by_model_and_load(reference_dir,
     # Two ok runs of two models are two series, each at its mean prompt length; the failed run is not drawn.
     assert sorted(data["prompt_len"].unique()) == [32, 137]
     assert data["series"].nunique() == 2 and data["series"].str.contains("meta-llama|neuralmagic").any()
+
+
+def test_a_run_with_failed_requests_keeps_the_successful_ones_samples_and_counts_the_failed(reference_dir):
+    # Issue 47: vLLM saves a ttfts entry for every request, a failed one as 0.0 beside its error text,
+    # and its median_ttft_ms is over the successful requests only (calculate_metrics, outputs[i].success).
+    # Such a file was refused as "corrupt or mixed". Made from the 0.6 fixture: three requests failed.
+    name = "vllm-0.6-benchmark_serving-lambda-h100-llama3.1-8b-fp8-detailed.json"
+    obj = json.loads((reference_dir / "native" / name).read_text())
+    failed = [1, 4, 7]
+    for i in failed:
+        obj["ttfts"][i], obj["itls"][i], obj["output_lens"][i] = 0.0, [], 0
+        obj["errors"][i] = "Traceback (most recent call last): ... aiohttp.ClientPayloadError"
+    good = [t for i, t in enumerate(obj["ttfts"]) if i not in failed]
+    obj["median_ttft_ms"], obj["mean_ttft_ms"] = statistics.median(good) * 1e3, statistics.mean(good) * 1e3
+    obj["completed"], obj["failed"] = len(good), len(failed)
+    (row,) = vllm_bench.parse(json.dumps(obj), source=name).rows
+    assert row["status"] == "ok" and row["failed_requests"] == 3
+    assert row["ttft_samples_s"] == good and statistics.median(row["ttft_samples_s"]) == pytest.approx(row["ttft_s"])
+    assert len(row["itl_samples_s"]) == sum(len(x) for i, x in enumerate(obj["itls"]) if i not in failed)
+    assert row["output_len_samples"] == [n for i, n in enumerate(obj["output_lens"]) if i not in failed]
+    # Without a "failed" count (vLLM 0.6 kept none), the errors say how many.
+    del obj["failed"]
+    assert vllm_bench.parse(json.dumps(obj), source=name).rows[0]["failed_requests"] == 3

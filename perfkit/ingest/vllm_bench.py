@@ -60,6 +60,17 @@ def _rate(value) -> float:
     return float(value)
 
 
+def _succeeded(obj: dict) -> list[bool]:
+    """Which of the file's per-request entries are of successful requests: an empty ``errors``
+    entry (vLLM's ``RequestFuncOutput.error`` is "" unless the request failed); all of them where
+    the file keeps no errors."""
+    n = max((len(obj[k]) for k in ("ttfts", "itls", "output_lens") if isinstance(obj.get(k), list)), default=0)
+    errors = obj.get("errors")
+    if isinstance(errors, list) and len(errors) == n:
+        return [not e for e in errors]
+    return [True] * n
+
+
 def _row(obj: dict) -> dict:
     obj = {k.rstrip(":"): v for k, v in obj.items()}  # "request_goodput:" (vLLM ≈0.9)
     completed = obj.get("completed")
@@ -81,12 +92,18 @@ def _row(obj: dict) -> dict:
             row["duration_s"] = float(value)
         elif key not in _ARRAYS and (value is None or isinstance(value, (str, int, float, bool))):
             row[f"vllm_{key}"] = value
+    # vLLM saves every request's ttft, itls and output length, a failed one's as its defaults (ttft
+    # 0.0, no itls, length 0) beside its error text; its medians and means are of the successful
+    # requests only (calculate_metrics reads outputs[i].success): so are the samples kept here.
+    ok = _succeeded(obj)
     if "ttfts" in obj:
-        row["ttft_samples_s"] = [float(x) for x in obj["ttfts"]]
+        row["ttft_samples_s"] = [float(x) for x, good in zip(obj["ttfts"], ok) if good]
     if "itls" in obj:
-        row["itl_samples_s"] = [float(x) for request in obj["itls"] for x in request]
+        row["itl_samples_s"] = [float(x) for request, good in zip(obj["itls"], ok) if good for x in request]
     if "output_lens" in obj:
-        row["output_len_samples"] = [int(x) for x in obj["output_lens"]]
+        row["output_len_samples"] = [int(x) for x, good in zip(obj["output_lens"], ok) if good]
+    row["failed_requests"] = (int(obj["failed"]) if isinstance(obj.get("failed"), (int, float))
+                              else ok.count(False) if "errors" in obj else None)
     row["model"] = obj.get("model_id")
     row["prompt_len"] = (round(obj["total_input_tokens"] / completed)
                          if completed and obj.get("total_input_tokens") is not None else None)
