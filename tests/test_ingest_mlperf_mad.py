@@ -73,3 +73,63 @@ def test_a_mad_csv_is_one_row_per_run_with_a_column_per_metric_in_si(reference_d
 ])
 def test_units_become_perfkit_suffixes_and_si_factors(metric, unit, column, factor):
     assert si_column(metric, unit) == (column, factor)
+
+
+def _as_stable_diffusion(lines: list[str]) -> str:
+    """The MLPerf fixture's log as Stable Diffusion logs its evaluations: FID and CLIP at each one,
+    told apart by metadata.metric (mlperf-logging's stable_diffusion rules), the last FID null."""
+    out, evals = [], 0
+    for line in lines:
+        at = line.find(":::MLLOG")
+        event = json.loads(line[at + len(":::MLLOG"):]) if at >= 0 else None
+        if event is None or event["key"] != "eval_accuracy":
+            out.append(line)
+            continue
+        evals += 1
+        for metric, value in (("FID", 90.0 - 10 * evals), ("CLIP", 0.10 + 0.01 * evals)):
+            event = {**event, "value": value, "metadata": {**event["metadata"], "metric": metric}}
+            out.append(":::MLLOG " + json.dumps(event))
+    last_fid = max(i for i, line in enumerate(out) if '"metric": "FID"' in line)
+    event = json.loads(out[last_fid][len(":::MLLOG "):])
+    out[last_fid] = ":::MLLOG " + json.dumps({**event, "value": None})
+    return "\n".join(out), evals
+
+
+def test_stable_diffusion_s_two_evaluation_metrics_are_two_series_and_a_null_is_nan(reference_dir):
+    # Issue 47: FID and CLIP were interleaved into one eval_accuracy series; a null value crashed
+    # `perfkit import` with a traceback.
+    text, evals = _as_stable_diffusion((reference_dir / "native" / MLPERF).read_text().splitlines())
+    (row,) = mlperf.parse(text, source="sd.txt").rows
+    assert row["eval_metrics"] == ["FID", "CLIP"] and row["eval_accuracy"] is None
+    assert row["eval_clip_samples"] == pytest.approx([0.10 + 0.01 * i for i in range(1, evals + 1)])
+    assert row["eval_fid_samples"][:-1] == [90.0 - 10 * i for i in range(1, evals)]
+    assert math.isnan(row["eval_fid_samples"][-1]) and math.isnan(row["eval_fid"])
+    assert len(row["eval_fid_samples_count"]) == evals and row["status"] == "ok"
+
+
+def test_every_reader_refuses_truncated_empty_binary_and_wrong_tool_files_with_one_line(reference_dir, tmp_path,
+                                                                                        capsys):
+    # Issue 47 item 6: any reader, any malformed input: one line on stderr, exit 2, nothing written.
+    from perfkit.cli import main
+
+    native = reference_dir / "native"
+    good = {"nccl-tests": native / "nccl-tests-2.18.5-gb10-2node-allgather-16G.txt",
+            "vllm-bench": native / "vllm-0.25.1-bench-serve-opt125m-cpu.json",
+            "mlperf": native / MLPERF, "mad": native / "mad-perf_Kimi-K3-multiple-results.csv"}
+    broken = {"empty": b"", "binary": bytes(range(256)) * 4, "whitespace": b"\n \n"}
+    for kind, path in good.items():
+        cases = {**broken, "truncated": path.read_bytes()[: len(path.read_bytes()) // 3],
+                 **{f"{other}'s output": p.read_bytes() for other, p in good.items() if other != kind}}
+        if kind == "mlperf":  # a value no reader foresaw (a reader's own exception, not perfkit's error)
+            cases["a word for a number"] = path.read_bytes().replace(b'"value": 0.9382773041725159',
+                                                                     b'"value": "n/a"', 1)
+        for case, payload in cases.items():
+            bad = tmp_path / "input.txt"
+            bad.write_bytes(payload)
+            code = main(["import", kind, str(bad), "--out", str(tmp_path / "out")])
+            err = capsys.readouterr().err
+            if kind == "mad" and case == "truncated" and code == 0:
+                continue  # a CSV cut between rows is a shorter CSV: its whole rows are real
+            assert code == 2, (kind, case, code, err[-400:])
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (kind, case, err)
+            assert not (tmp_path / "out").exists(), (kind, case)

@@ -4,7 +4,9 @@ The result is MLPerf's own: ``time_to_train_s`` = ``run_stop`` − ``run_start``
 the clock the rules time, and ``status`` ``ok`` only where ``run_stop`` says ``success``. Beside it:
 ``init_time_s`` (``init_start`` to ``init_stop``), the submission (``submission_*``), every
 scalar logged before ``run_start`` (hyperparameters) as ``mlperf_<key>``, the evaluations as
-``eval_accuracy_samples`` with their ``samples_count``, the final ``eval_accuracy``, and the
+``eval_accuracy_samples`` with their ``samples_count``, the final ``eval_accuracy`` (a log of
+several evaluation metrics, told apart by ``metadata.metric``: a series each, ``eval_fid_samples``,
+``eval_clip_samples``; a ``null`` value NaN), and the
 ``tracked_stats`` throughput per block as ``throughput_samples`` (the submitter's unit,
 samples per second for most benchmarks). A log without ``run_stop`` did not finish: refused.
 """
@@ -12,6 +14,7 @@ samples per second for most benchmarks). A log without ``run_stop`` did not fini
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 from perfkit.core.errors import BadInputError
@@ -20,6 +23,11 @@ from perfkit.ingest.parsed import ParsedRun
 __all__ = ["parse"]
 
 _PREFIX = ":::MLLOG"
+
+
+def _number(value) -> float:
+    """A logged value as a float; NaN where it is ``null`` (an evaluation that produced none)."""
+    return math.nan if value is None else float(value)
 
 
 def parse(text: str, *, source: str = "the file"):
@@ -61,9 +69,22 @@ def parse(text: str, *, source: str = "the file"):
             name = e["key"] if e["key"].startswith("submission_") else f"mlperf_{e['key']}"
             row.setdefault(name, value)
     evals = [e for e in events if e["key"] == "eval_accuracy"]
-    row["eval_accuracy_samples"] = [float(e["value"]) for e in evals]
-    row["eval_samples_count"] = [(e.get("metadata") or {}).get("samples_count") for e in evals]
-    row["eval_accuracy"] = row["eval_accuracy_samples"][-1] if evals else None
+    metrics = list(dict.fromkeys((e.get("metadata") or {}).get("metric") for e in evals))
+    if len(metrics) > 1:
+        # Stable Diffusion logs FID and CLIP at each evaluation, told apart by metadata.metric: a
+        # series each (one series of both interleaved was no metric at all).
+        for metric in metrics:
+            mine = [e for e in evals if (e.get("metadata") or {}).get("metric") == metric]
+            name = f"eval_{str(metric).lower()}"
+            row[f"{name}_samples"] = [_number(e.get("value")) for e in mine]
+            row[f"{name}_samples_count"] = [(e.get("metadata") or {}).get("samples_count") for e in mine]
+            row[name] = row[f"{name}_samples"][-1]
+        row["eval_metrics"] = [str(m) for m in metrics]
+        row["eval_accuracy"] = None
+    else:
+        row["eval_accuracy_samples"] = [_number(e.get("value")) for e in evals]
+        row["eval_samples_count"] = [(e.get("metadata") or {}).get("samples_count") for e in evals]
+        row["eval_accuracy"] = row["eval_accuracy_samples"][-1] if evals else None
     throughput = [e["value"]["throughput"] for e in events
                   if e["key"] == "tracked_stats" and isinstance(e.get("value"), dict) and "throughput" in e["value"]]
     row["throughput_samples"] = throughput

@@ -99,7 +99,14 @@ def import_files(kind: str, paths: Sequence[str | Path], out_dir: str | Path, **
         except UnicodeDecodeError as err:
             raise BadInputError(f"{path}: not text ({err})") from None
         digest = hashlib.sha256(data).hexdigest()
-        parsed.append((path, digest, KINDS[kind](text, path.name, options)))
+        try:
+            parsed.append((path, digest, KINDS[kind](text, path.name, options)))
+        except BadInputError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a reader's own bug or an input it did not foresee: one line
+            what = str(error).splitlines()[0][:200] if str(error) else ""
+            raise BadInputError(f"{path}: not readable as {kind} output ({type(error).__name__}: {what}); "
+                                "if it is, please report it with the file") from error
     done = ImportResult()
     now = pd.Timestamp.now(tz="UTC")
     for path, digest, run in parsed:
