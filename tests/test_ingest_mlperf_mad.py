@@ -133,3 +133,28 @@ def test_every_reader_refuses_truncated_empty_binary_and_wrong_tool_files_with_o
             assert code == 2, (kind, case, code, err[-400:])
             assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (kind, case, err)
             assert not (tmp_path / "out").exists(), (kind, case)
+
+
+# madengine's classic perf.csv header (ROCm/MAD, madengine's ensure_perf_csv_exists): no unit column,
+# the unit in `metric`, MAD's own verdict in `status`.
+CLASSIC_HEADER = ("model,n_gpus,training_precision,pipeline,args,tags,docker_file,base_docker,docker_sha,docker_image,"
+                  "git_commit,machine_name,gpu_architecture,performance,metric,relative_change,status,build_duration,"
+                  "test_duration,dataname,data_provider_type,data_size,data_download_duration,build_number,"
+                  "additional_docker_run_options")
+
+
+def test_a_classic_mad_perf_csv_is_a_judged_rate_and_its_failure_is_failed():
+    def line(model, performance, metric, status):
+        return (f"{model},8,fp16,ci,--batch-size 32,\"pyt,train\",docker/pyt.Dockerfile,rocm/pytorch:latest,sha256:0,"
+                f"ci-{model},abcd1234,node-1,gfx942,{performance},{metric},0.0,{status},120.5,45.2,,,,,1,")
+    text = "\n".join([CLASSIC_HEADER, line("pyt_bert", "245.67", "samples_per_second", "SUCCESS"),
+                      line("pyt_llama", "1234.5", "tokens/sec", "SUCCESS"),
+                      line("pyt_gpt2", "0", "samples_per_second", "FAILURE")]) + "\n"
+    rows = {r["model"]: r for r in mad.parse(text, source="perf.csv").rows}
+    assert rows["pyt_bert"]["performance_samples_per_s"] == 245.67 and rows["pyt_bert"]["status"] == "ok"
+    assert rows["pyt_llama"]["performance_tokens_per_s"] == 1234.5
+    assert rows["pyt_gpt2"]["status"] == "failed" and "FAILURE" in rows["pyt_gpt2"]["reason"]
+    # compare judges the column: a rate, higher is better (a name it reads as a unit it knows).
+    from perfkit.analyse.compare_match import lower_is_better
+
+    assert lower_is_better("performance_samples_per_s") is False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["UNITS", "si_column"]
+__all__ = ["UNITS", "si_column", "is_unit"]
 
 _TIME = {"s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6,
          "µs": 1e-6, "ns": 1e-9, "min": 60.0, "minutes": 60.0}
@@ -42,3 +42,10 @@ def si_column(metric: str, unit: str | None) -> tuple[str, float]:
     else:
         suffix, factor = "_" + re.sub(r"[^0-9A-Za-z]+", "_", unit).strip("_").lower(), 1.0
     return (name if name.endswith(suffix) else name + suffix), factor
+
+
+def is_unit(text: str) -> bool:
+    """Whether ``text`` is a unit perfkit reads (``tokens/sec``, ``samples_per_second``, ``ms``, ...),
+    not a metric's name: ROCm/MAD's classic ``perf.csv`` puts the unit in its ``metric`` column."""
+    text = (text or "").strip()
+    return bool(text) and (text in UNITS or (bool(m := _RATE.match(text)) and m.group("what").lower() in _COUNT))
