@@ -191,3 +191,18 @@ def test_the_script_template_checks_every_configuration(tmp_path, capsys):
 
     assert main(["sweep", str(REPO / "templates" / "script.yaml"), "--out", str(tmp_path), "--dry-run"]) == 0
     assert "5 configurations, 5 to run" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a sweep: a kernel
+def test_a_failed_script_says_why_on_the_sweep_s_console(tmp_path):
+    # Issue 47: the summary said only "ExecutionFailed: failed: script failed: (cell 3)"; the row knows.
+    import yaml
+
+    spec = tmp_path / "fail.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "script-fails", "notebook": str(NOTEBOOKS / "script.ipynb"),
+        "parameters": {"command": f"{sys.executable} -c \"import perfkit_no_such_module\"", "timeout_s": 60.0}}))
+    done = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(tmp_path / "out"),
+                           "--quiet"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "why: ModuleNotFoundError: No module named 'perfkit_no_such_module'" in done.stdout, done.stdout

@@ -158,7 +158,30 @@ def _summary(result) -> None:
             where = f" (cell {o.cell})" if o.cell is not None else ""
             print(f"{o.config_id:<28} {o.status:<8} {_short(reason, 100)}{where}")
             if o.status not in ("skipped",):
+                if why := _row_reason(o.results_path):
+                    print(f"{'':<37} why: {_short(why, 160)}")
                 print(f"{'':<37} notebook: {o.output_notebook}")
+
+
+def _row_reason(results_path) -> str | None:
+    """The last line of the reason a configuration's first row that is not ``ok`` gives (a
+    script's own error: "ModuleNotFoundError: No module named 'torch'"), where the kernel's
+    exception says only that the cell failed; None without one."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(results_path)
+    except Exception:  # noqa: BLE001 - no file, or one cut by the kill that ended the configuration
+        return None
+    columns = [c for c in ("status", "reason", "error") if c in table.column_names]
+    for row in table.select(columns).to_pylist():
+        if row.get("status") == "ok":
+            continue
+        for text in (row.get("reason"), row.get("error")):
+            lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+            if lines:
+                return lines[-1]
+    return None
 
 
 def _cmd_new(args) -> int:
