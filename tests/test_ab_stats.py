@@ -224,7 +224,9 @@ def test_heavy_tails_do_not_move_the_median_ratio():
 def test_too_few_samples_is_inconclusive_with_the_reason():
     rng = np.random.default_rng(6)
     c = compare_samples([rng.lognormal(0, 0.01, 3)], _rounds(rng, 3, 10, within=0.01, scale=2.0))
-    assert _call(c) == ("inconclusive", f"too few samples (3 vs 30; need ≥ {MIN_SAMPLES} per side)")
+    verdict, why = _call(c)
+    assert verdict == "inconclusive" and why.startswith(f"too few samples (3 vs 30; need ≥ {MIN_SAMPLES} per side")
+    assert f"steps ≥ warmup_steps + {MIN_SAMPLES}" in why  # what to change (issue 47)
     c = compare_samples([], _rounds(rng, 3, 10, within=0.01))
     assert c.n_base == 0 and math.isnan(c.p_value) and math.isnan(c.ratio)
     assert _call(c)[0] == "inconclusive"
@@ -245,3 +247,25 @@ def test_shift_under_huge_noise_is_inconclusive():
                         _rounds(rng, 3, 10, within=0.5, scale=1.06))
     call, why = _call(c)
     assert call == "inconclusive" and why.startswith("too noisy to tell") and "past ±5 %" in why
+
+
+def test_the_training_notebook_s_defaults_time_enough_steps_for_a_verdict():
+    # Issue 47: steps 4 with warmup_steps 1 gave 3 samples a side, under MIN_SAMPLES: compare of two
+    # default runs could only say inconclusive, even of a 0.11x change.
+    import json
+
+    from conftest import NOTEBOOKS
+
+    cell = next(c for c in json.loads((NOTEBOOKS / "train_step.ipynb").read_text())["cells"]
+                if "parameters" in c.get("metadata", {}).get("tags", []))
+    values = {}
+    for line in "".join(cell["source"]).splitlines():
+        name, _, rest = line.partition("=")
+        if name.strip() in ("steps", "warmup_steps"):
+            values[name.strip()] = int(rest.split("#")[0])
+    assert values["steps"] - values["warmup_steps"] >= MIN_SAMPLES, values
+    # Five samples a side at 2x apart: a verdict, not "inconclusive".
+    rng = __import__("random").Random(0)
+    base = [0.010 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(MIN_SAMPLES)]
+    new = [2 * x for x in base]
+    assert _call(compare_samples([base], [new]))[0] == "slower"

@@ -236,8 +236,9 @@ def verdict(c: SampleComparison, *, p_adjusted: float, lower_is_better: bool, th
     if threshold < 0 or not 0 < alpha < 1:
         raise BadInputError(f"need threshold ≥ 0 and 0 < alpha < 1, got {threshold}, {alpha}")
     if min(c.n_base, c.n_new) < MIN_SAMPLES:
-        return "inconclusive", (f"too few samples ({c.n_base} vs {c.n_new}; "
-                                f"need ≥ {MIN_SAMPLES} per side)")
+        return "inconclusive", (f"too few samples ({c.n_base} vs {c.n_new}; need ≥ {MIN_SAMPLES} per side: "
+                                "time more of them (a training step: steps ≥ warmup_steps + "
+                                f"{MIN_SAMPLES}; iters, min_run_time_s) or run more rounds)")
     if lower_is_better:
         s, lo, hi = c.ratio, c.ci_low, c.ci_high
     else:
