@@ -343,3 +343,15 @@ def test_advise_on_the_h200_folder_names_what_a_performance_engineer_would(capsy
     text = capsys.readouterr().out
     assert text.count("memory headroom") == 1 and "note (not a time cost): memory headroom in 10 configurations" in text
     assert "binding: memory headroom" not in text
+
+
+def test_a_noisy_inference_row_names_its_metric_and_its_row(tmp_path):
+    # Issue 47 item 11: an inference folder's noisy finding said metric=None (a TPOT that was noisy
+    # was not among the metrics looked at) and not which row.
+    rows = [{"workload": "inference", "batch_size": b, "ttft_s": 0.02, "ttft_iqr_s": 0.0002, "tpot_s": 0.01,
+             "tpot_iqr_s": iqr, "noisy": iqr > 0.001} for b, iqr in ((1, 0.0001), (4, 0.004))]
+    folder = record_as(rows, tmp_path / "inference", notebook="inference.ipynb", params={"batch_sizes": [1, 4]},
+                       config_id="inference-noisy")
+    (f,) = advise_json(folder, "--rule", "noisy")
+    assert (f["evidence"]["metric"], f["evidence"]["row"]) == ("tpot_s", "batch_size=4"), f["evidence"]
+    assert "tpot_s of the batch_size=4 row IQR 40%" in f["summary"]

@@ -140,6 +140,20 @@ def gemm_below_ceiling(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
 # ------------------------------------------------------------------------------ noise
 
 
+#: The timed metrics a noisy row may be noisy in, each with its ``<name>_iqr_s``.
+_TIMED = ("step_time_s", "time_s", "ttft_s", "tpot_s", "itl_s", "e2e_latency_s", "prefill_time_s",
+          "loader_batch_time_s")
+
+
+def _which(row: pd.Series) -> str | None:
+    """The row in words among its configuration's: what tells it apart (its batch, size, op)."""
+    for column in ("batch_size", "size_bytes", "size", "op", "world_size"):
+        if present(row.get(column)) and not isinstance(row.get(column), (list, np.ndarray)):
+            value = row[column]
+            return f"{column}={int(value) if isinstance(value, float) and value.is_integer() else value}"
+    return None
+
+
 def noisy(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
     """One finding per point with noisy rows: how many of its rows, and the widest spread."""
     if "noisy" not in ok:
@@ -152,17 +166,21 @@ def noisy(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
             continue
         spreads = []
         for _, row in shaky.iterrows():
-            metric = next((c for c in ("step_time_s", "time_s", "ttft_s", "loader_batch_time_s")
-                           if finite(row.get(c)) and finite(row.get(f"{c.removesuffix('_s')}_iqr_s"))), None)
-            if metric:
-                spreads.append((float(row[f"{metric.removesuffix('_s')}_iqr_s"]) / float(row[metric]), metric))
-        widest, metric = max(spreads) if spreads else (math.nan, None)
+            # Every timed metric the row has with its IQR, the widest spread of them (an inference
+            # row's TPOT can be the noisy one while its TTFT is steady).
+            for metric in _TIMED:
+                iqr = row.get(f"{metric.removesuffix('_s')}_iqr_s")
+                if finite(row.get(metric)) and finite(iqr) and float(row[metric]) > 0:
+                    spreads.append((float(iqr) / float(row[metric]), metric, _which(row)))
+        widest, metric, which = max(spreads) if spreads else (math.nan, None, None)
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=point,
             config_ids=tuple(dict.fromkeys(shaky["config_id"])), cost_share=math.nan, confidence="low",
             source=rule.source,
-            evidence={"noisy_rows": len(shaky), "rows": len(rows), "widest_iqr_over_median": widest, "metric": metric},
+            evidence={"noisy_rows": len(shaky), "rows": len(rows), "widest_iqr_over_median": widest, "metric": metric,
+                      "row": which},
             summary=(f"{len(shaky)} of its {len(rows)} rows {'is' if len(shaky) == 1 else 'are'} noisy"
-                     + (f" (widest: {metric} IQR {widest:.0%} of the median)" if finite(widest) else "")),
+                     + (f" (widest: {metric}{f' of the {which} row' if which else ''} IQR {widest:.0%} of the median)"
+                        if finite(widest) else "")),
             advice=("rerun with more samples (steps, min_run_time_s, iters) or rounds, on a quieter machine: a "
                     "noisy median cannot say what binds it"))
