@@ -206,3 +206,38 @@ def test_a_failed_script_says_why_on_the_sweep_s_console(tmp_path):
                            "--quiet"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "why: ModuleNotFoundError: No module named 'perfkit_no_such_module'" in done.stdout, done.stdout
+
+
+ARGV_SCRIPT = REPO / "tests" / "_scripts" / "print_argv.py"
+
+
+def _argv_seen(cfg) -> list[str]:
+    seen: list[str] = []
+    row = run_script(cfg, echo=seen.append)
+    assert row["status"] == "ok", row["reason"]
+    return json.loads(next(line for line in seen if line.startswith("ARGV "))[5:])
+
+
+@pytest.mark.parametrize("command, mappings, args, want", [
+    # A YAML mapping as an args value: JSON, one argument (it went as the Python repr).
+    ("{py} {script}", {"opt": "--opt"}, {"opt": {"betas": [0.9, 0.95]}}, ["--opt", '{"betas": [0.9, 0.95]}']),
+    # A template: the JSON stays one argument (it was split on its spaces).
+    ("{py} {script}", {"opt": "--opt={value}"}, {"opt": {"lr": 0.1, "wd": 0}}, ['--opt={"lr": 0.1, "wd": 0}']),
+    # Braces in the command that name no parameter stay as written (they were read as placeholders).
+    ("{py} {script} --overrides '{{\"lr\": 0.1}}' model.layers={{4,8}} d={{}}", {}, {},
+     ['--overrides', '{"lr": 0.1}', 'model.layers={4,8}', 'd={}']),
+    # A parameter in the command, and the escape for a literal {name}.
+    ("{py} {script} --depth {{depth}} --literal {{{{depth}}}}", {}, {"depth": 4}, ["--depth", "4", "--literal", "{depth}"]),
+], ids=["yaml-mapping", "template-json", "braces-in-command", "named-and-escaped"])
+def test_each_form_of_argument_reaches_the_script_intact(command, mappings, args, want):
+    cmd = command.format(py=sys.executable, script=ARGV_SCRIPT)
+    cfg = config_from_params(command=cmd, arg_mappings=mappings, args=args, env={}, cwd=None, timeout_s=60.0,
+                             sources=["performance"], json_prefix="PERFKIT_METRIC", regex=None, csv_path=None)
+    assert _argv_seen(cfg) == want
+
+
+def test_a_misspelt_parameter_in_the_command_is_refused_with_its_escape():
+    with pytest.raises(BadInputError, match=r"command names \{dpeth\}.*write \{\{dpeth\}\} for a literal"):
+        config_from_params(command=f"{sys.executable} {ARGV_SCRIPT} --depth {{dpeth}}", arg_mappings={},
+                           args={"depth": 4}, env={}, cwd=None, timeout_s=60.0, sources=["performance"],
+                           json_prefix="PERFKIT_METRIC", regex=None, csv_path=None)

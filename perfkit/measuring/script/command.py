@@ -6,12 +6,16 @@ The mapping names, for each parameter, the script's flag:
 
 - ``"--batch-size"``: the flag and the value (``--batch-size 32``); a list gives every item
   after the flag (``--layers 2 4``);
-- ``"--batch-size={value}"`` or any template with ``{value}``: that text, split as a shell would;
+- ``"--batch-size={value}"`` or any template with ``{value}``: that text, split as a shell would,
+  the value put in after the split (a JSON value with spaces stays one argument);
+- a mapping (``args: {opt: {betas: [0.9, 0.95]}}``) or a list inside a template goes as JSON;
 - for a bool, the flag alone when True and nothing when False (``{"bf16": "--bf16"}``);
 - a mapping of values to flags: ``{"precision": {"bf16": "--bf16", "fp32": ""}}``.
 
 A parameter whose value is None is left out. The command itself may name parameters too, where a
-flag must come before the script (``"torchrun --nproc-per-node {world_size} train.py"``). The script runs in its own session, so the whole
+flag must come before the script (``"torchrun --nproc-per-node {world_size} train.py"``); a brace
+that names no parameter stays as written (``python -c "d={}"``, ``--overrides '{"lr": 0.1}'``,
+Hydra's ``model.layers={4,8}``), and ``{{name}}`` writes a literal ``{name}``. The script runs in its own session, so the whole
 process group (a ``torchrun`` and its ranks) is signalled at a timeout or an interrupt, and every
 process of it carries the configuration's teardown token in its environment (the engine reaps
 what escaped). Its ending decides the row: exit 0 and a metric → ``ok``; an allocator's message
@@ -21,7 +25,9 @@ deadline → ``timeout``; exit 0 without any metric → ``failed``, naming the s
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -99,11 +105,7 @@ class ScriptConfig:
     @property
     def argv_base(self) -> list[str]:
         words = shlex.split(self.command) if isinstance(self.command, str) else [str(a) for a in self.command]
-        try:
-            return [w.format_map(dict(self.values)) if "{" in w else w for w in words]
-        except KeyError as err:
-            raise BadInputError(f"command names {{{err.args[0]}}}, which is not a parameter of this run "
-                                f"(parameters: {sorted(self.values)})") from None
+        return [_fill(w, self.values) for w in words]
 
     def _search_path(self) -> str | None:
         return self.env.get("PATH", os.environ.get("PATH"))
@@ -112,6 +114,31 @@ class ScriptConfig:
 def _executable(program: str, cwd: str | None) -> bool:
     path = Path(program) if Path(program).is_absolute() else Path(cwd or ".") / program
     return ("/" in program) and path.is_file() and os.access(path, os.X_OK)
+
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _text(value) -> str:
+    """A value as one argument: a mapping or a list as JSON (``{"betas": [0.9, 0.95]}``, which a
+    script's ``json.loads`` or argparse ``type=json.loads`` reads), anything else as ``str``."""
+    return json.dumps(value) if isinstance(value, (Mapping, list, tuple)) else str(value)
+
+
+def _fill(word: str, values: Mapping) -> str:
+    """``word`` with each ``{name}`` of a parameter replaced by its value (:func:`_text`); ``{{`` and
+    ``}}`` write a literal brace; every other brace stays as written (``python -c "d={}"``,
+    ``--overrides '{"lr": 0.1}'``, Hydra's ``model.layers={4,8}``). A ``{name}`` that is an
+    identifier but no parameter is refused: the likeliest cause is a misspelt parameter."""
+    def one(m: re.Match) -> str:
+        if m.group(0) in ("{{", "}}"):
+            return m.group(0)[0]
+        name = m.group(1)
+        if name not in values:
+            raise BadInputError(f"command names {{{name}}}, which is not a parameter of this run (parameters: "
+                                f"{sorted(values)}; write {{{{{name}}}}} for a literal {{{name}}})")
+        return _text(values[name])
+    return _PLACEHOLDER.sub(one, word) if "{" in word or "}" in word else word
 
 
 def build_argv(cfg: ScriptConfig) -> list[str]:
@@ -130,13 +157,15 @@ def build_argv(cfg: ScriptConfig) -> list[str]:
             raise BadInputError(f"arg_mappings[{name!r}] must be a flag, a '{{value}}' template or a mapping "
                                 f"of values to flags, got {flag!r}")
         elif "{value}" in flag:
-            argv += shlex.split(flag.format(value=value))
+            # The template split as a shell would, then the value put in whole: a JSON value with
+            # spaces stays one argument (`--opt={value}` -> `--opt={"betas": [0.9, 0.95]}`).
+            argv += [w.replace("{value}", _text(value)) for w in shlex.split(flag)]
         elif isinstance(value, bool):
             argv += [flag] if value else []
         elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
+            argv += [flag, *map(_text, value)]
         else:
-            argv += [flag, str(value)]
+            argv += [flag, _text(value)]
     return argv
 
 
