@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -57,8 +58,16 @@ def ray_address():
     token = Path(temp_dir) / "auth_token"
     token.write_text(secrets.token_hex(32))
     _RAY_ENV.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
-    env = {**os.environ, **_RAY_ENV, marker: "1"}
-    started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+    # The head is started with the command perfkit's own "no cluster" error tells a user to run
+    # (issue 47: its earlier hint started a head the driver could not join), plus this test's port,
+    # resources and folders.
+    from perfkit.run.sweep.ray_executor import START_HEAD
+
+    words = shlex.split(START_HEAD)
+    at = words.index("ray")
+    hinted_env = dict(w.split("=", 1) for w in words[:at])
+    env = {**os.environ, **_RAY_ENV, **hinted_env, marker: "1"}
+    started = subprocess.run([ray_cli, *words[at + 1:], f"--port={port}",
                               "--num-cpus=2", "--num-gpus=2", "--include-dashboard=false", "--disable-usage-stats",
                               f"--temp-dir={temp_dir}", "--object-store-memory=100000000"],
                              env=env, capture_output=True, text=True, timeout=120)
@@ -224,6 +233,9 @@ def test_bad_input_is_one_line_and_exit_2_at_once(tmp_path, monkeypatch):
     nobody = _sweep(spec, tmp_path / "a", "--executor", "ray", "--ray-address", f"127.0.0.1:{_free_port()}")
     assert nobody.returncode == 2 and time.monotonic() - t0 < 30, nobody.stderr
     assert "no Ray cluster answers at 127.0.0.1:" in nobody.stderr and len(nobody.stderr.strip().splitlines()) == 1
+    from perfkit.run.sweep.ray_executor import START_HEAD
+
+    assert f"start one with `{START_HEAD}`" in nobody.stderr  # the command the module's fixture runs
     misplaced = _sweep(spec, tmp_path / "b", "--ray-address", "127.0.0.1:6379")
     assert misplaced.returncode == 2 and "--ray-address only apply with --executor ray" in misplaced.stderr
     malformed = _sweep(spec, tmp_path / "c", "--executor", "ray", "--ray-address", "headnode")
@@ -264,3 +276,15 @@ def test_a_local_ray_runs_in_the_driver_and_ends_with_it(tmp_path):
         time.sleep(0.2)
     _teardown.reap(marker)
     assert not left, f"processes {left} of the driver's Ray outlived it by 10 s"
+
+
+def test_a_head_without_cpus_beside_an_autoscaler_is_not_refused_but_too_few_cpus_are():
+    # Issue 47: a head started with --num-cpus 0 (KubeRay's default, beside an autoscaler) has no CPU
+    # until the autoscaler adds workers for the tasks: "no task could ever start" was wrong there.
+    from perfkit.core.errors import BadInputError
+    from perfkit.run.sweep.ray_executor import _check_capacity
+
+    _check_capacity(2.0, 0.0)  # every live node without CPUs: the autoscaler's to provide
+    _check_capacity(2.0, 8.0)
+    with pytest.raises(BadInputError, match="no task could ever start"):
+        _check_capacity(16.0, 8.0)

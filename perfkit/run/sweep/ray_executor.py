@@ -106,7 +106,13 @@ def _probe(address: str) -> None:
             pass
     except OSError as exc:
         raise BadInputError(f"no Ray cluster answers at {address} ({exc.strerror or exc}): start one with "
-                            f"`ray start --head --node-ip-address 127.0.0.1`, or pass its head's HOST:PORT") from None
+                            f"`{START_HEAD}`, or pass its head's HOST:PORT") from None
+
+
+#: The head this machine can start that a loopback driver joins: Ray swaps 127.0.0.1 for the interface
+#: address unless clusters are off, in the head as in the driver (a head started without it made the
+#: sweep fail after a minute, with a misleading hint about tokens).
+START_HEAD = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head --node-ip-address 127.0.0.1"
 
 
 def _loopback(address: str) -> bool:
@@ -139,6 +145,15 @@ def _node_capacity(ray) -> tuple[float, float]:
     cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=0)
     gpus = max((n["Resources"].get("GPU", 0) for n in nodes), default=0)
     return cpus, gpus
+
+
+def _check_capacity(cpus: float, node_cpus: float) -> None:
+    """Refuse ``cpus_per_config`` that no live node has, unless no node has any CPU: a head started
+    with ``--num-cpus 0`` beside an autoscaler (KubeRay's default) runs tasks only on the workers the
+    autoscaler adds for them, so its tasks wait for those instead of being refused."""
+    if 0 < node_cpus < cpus:
+        raise BadInputError(f"ray cpus_per_config {cpus:g} > the {node_cpus:g} CPUs of the largest node: no task "
+                            f"could ever start; lower it")
 
 
 def _ending(exc: BaseException) -> tuple[str, str]:
@@ -188,9 +203,7 @@ def run_ray_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | Pat
 def _drive(ray, tqdm, todo, settings, out_dir, ledger, result, progress, poll_s, t0) -> SweepResult:
     cpus = settings["cpus_per_config"]
     node_cpus, node_gpus = _node_capacity(ray)
-    if cpus > node_cpus:
-        raise BadInputError(f"ray cpus_per_config {cpus:g} > the {node_cpus:g} CPUs of the largest node: no task "
-                            f"could ever start; lower it")
+    _check_capacity(cpus, node_cpus)
     state = ledger.state()
     task = ray.remote(max_retries=0)(_run_task)
     refs: dict = {}
