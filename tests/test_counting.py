@@ -299,3 +299,26 @@ def test_gelu_tanh_backward_doubles_the_tanh_forward():
     x, g = _randn(4, 8, grad=True), torch.randn(4, 8)
     df = count_ops(lambda: F.gelu(x, approximate="tanh").backward(g))
     assert _row(df, "aten.gelu_backward.default")["flop"] == 576
+
+
+def test_a_two_expert_top1_mixture_counts_its_grouped_gemms_by_hand():
+    # Issue 46: aten._grouped_mm (transformers' fused experts, torchtitan's MoE) was uncounted, so a
+    # mixture of experts' counted FLOP left every expert out. Six tokens routed top-1 to two experts
+    # (2 and 4 tokens), K=4 in, N=8 out: each token meets its expert's 4x8 matrix once.
+    torch.manual_seed(0)
+    tokens = torch.randn(6, 4, requires_grad=True)
+    experts = torch.randn(2, 4, 8, requires_grad=True)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+
+    grad = torch.randn(6, 8)  # a dense gradient: _grouped_mm's backward refuses sum()'s expanded one
+
+    def step():
+        torch._grouped_mm(tokens, experts, offs=offs).backward(grad)
+
+    rows = count_ops(step)
+    grouped = rows[rows["op"].str.contains("grouped_mm")]
+    # Forward 2·6·4·8; backward: input gradient (6x8 by each expert's 8x4) 2·6·8·4 and weight
+    # gradient (4x6 by 6x8, split by expert) 2·4·6·8.
+    assert sorted(grouped["flop"].astype(int)) == [384, 384, 384]
+    assert set(grouped["family"]) == {"matmul"}
+    assert not coverage(rows).uncounted  # the routing ops of a real MoE are known too (test_user_models)

@@ -362,3 +362,30 @@ def test_an_hf_model_without_the_extra_says_which_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     with pytest.raises(BadInputError, match=r"need Hugging Face transformers: pip install 'perfkit\[hf\]'"):
         TrainConfig(model="hf:mistral")
+
+
+MOE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "intermediate_size": 128, "vocab_size": 512, "num_experts_per_tok": 2}
+
+
+@pytest.mark.slow  # two HF models built and stepped
+@pytest.mark.parametrize("model, size", [
+    ("hf:mixtral", {**MOE, "num_local_experts": 8}),
+    ("hf:qwen2_moe", {**MOE, "num_experts": 8, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128}),
+])
+def test_a_mixture_of_experts_counts_its_experts_and_states_its_active_parameters(model, size):
+    # Issue 46: the analytic FLOP counted every expert (MFU 2.9x too high for mixtral), the counted
+    # ones none (aten._grouped_mm uncounted). Now: the routed experts at top-k/E, shared ones whole,
+    # and the grouped GEMMs counted; the two agree within 10 %, nothing of the step left uncounted.
+    row = train_step_benchmark(TrainConfig(model=model, model_size=size, batch_size=4, seq_len=32, steps=3,
+                                           device="cpu"))
+    assert row["status"] == "ok" and row["uncounted_ops"] == "", row["uncounted_ops"]
+    assert row["step_model_flop"] == pytest.approx(row["step_counted_flop"], rel=0.10)
+    assert "top-k/E" in row["mfu_convention"]
+    # By hand, mixtral's: PaLM's 6N + 12·L·H·Q·T a token with N less the routed experts' share a
+    # token does not use (6 of 8): 2 layers x 8 experts x (gate_up 64->256, down 128->64).
+    if model == "hf:mixtral":
+        experts = 2 * 8 * (2 * 128 * 64 + 64 * 128)
+        per_token = 6 * (row["n_params_non_embedding"] - experts * (1 - 2 / 8)) + 12 * 2 * 4 * 16 * 32
+        assert row["step_model_flop"] == pytest.approx(per_token * 32 * 4, rel=1e-9)
+        assert (per_token + 6 * experts * (1 - 2 / 8)) / per_token > 2  # every expert counted: the old figure

@@ -64,6 +64,7 @@ hardtanh_backward leaky_relu leaky_relu_backward clamp clamp_min clamp_max maxim
 masked_fill sign sgn floor ceil round trunc frac remainder fmod eq ne lt le gt ge logical_and
 logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not atan2 atan
 asin acos sinh cosh asinh acosh atanh nan_to_num isnan isinf isfinite square relu6 xlogy
+floor_divide
 """.split()}
 _ELEMENTWISE.update({
     "gelu": 5, "silu": 2, "softplus": 3, "mish": 5, "hardswish": 4, "hardsigmoid": 3, "elu": 3,
@@ -84,12 +85,16 @@ unfold_backward index_select_backward index_copy
 _FACTORIES = frozenset("""
 zeros ones full zeros_like ones_like full_like fill zero arange scalar_tensor rand randn
 rand_like randn_like randint randint_like normal uniform bernoulli randperm linspace
+new_zeros new_ones new_full
 """.split())
+# Orderings (a mixture of experts' routing: top-k experts per token, tokens sorted by expert):
+# comparisons, not arithmetic: 0 FLOP, bytes by the generic rule.
+_ORDERINGS = frozenset("topk sort argsort".split())
 _ALLOCATIONS = frozenset(
     "empty empty_like empty_strided new_empty new_empty_strided resize".split())
 
 _REDUCTIONS = {name: 1 for name in """
-sum mean amax amin max min argmax argmin prod nansum any all cumsum cumprod count_nonzero
+sum mean amax amin max min argmax argmin prod nansum any all cumsum cumprod count_nonzero histc bincount
 """.split()}
 _REDUCTIONS.update({"var": 3, "std": 3, "var_mean": 3, "std_mean": 3,
                     "linalg_vector_norm": 2, "norm": 2, "logsumexp": 4})
@@ -193,6 +198,8 @@ def op_rule(func, args, kwargs, out) -> tuple[str, int, tuple[float, float] | No
         return "other", 0, (0.0, distinct_bytes(tensors_in(out)))
     if base in _ALLOCATIONS:
         return "other", 0, (0.0, 0.0)
+    if base in _ORDERINGS:
+        return "other", 0, None
     if base in _REDUCTIONS:
         return "reduction", _REDUCTIONS[base] * _first_numel(args), None
     if base in _SOFTMAX:
@@ -211,7 +218,24 @@ def op_rule(func, args, kwargs, out) -> tuple[str, int, tuple[float, float] | No
         return ("loss",) + _nll(base, args, out)
     if base in ("mse_loss", "mse_loss_backward"):
         return "loss", 3 * args[0].numel(), None
+    if base in ("_grouped_mm", "_scaled_grouped_mm"):
+        return "matmul", _grouped_mm_flop(args[0], args[1]), None
     return None
+
+
+def _grouped_mm_flop(a: torch.Tensor, b: torch.Tensor) -> int:
+    """``torch._grouped_mm(a, b, offs)``, the experts' GEMMs of a mixture of experts (transformers'
+    fused experts, torchtitan): every row of ``a`` meets its group's matrix once, 2 FLOP a multiply-add.
+    (2-D, 3-D): tokens (T, K) by experts (G, K, N), 2·T·K·N; (3-D, 3-D): batched, 2·G·M·K·N;
+    (2-D, 2-D): the weight gradient, (K, T) by (T, N) split into groups along T, 2·K·T·N; (3-D, 2-D):
+    (G, M, K) by (K, ΣN), 2·M·K·ΣN."""
+    if a.dim() == 2 and b.dim() == 3:
+        return 2 * a.shape[0] * a.shape[1] * b.shape[-1]
+    if a.dim() == 3 and b.dim() == 3:
+        return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    return 2 * a.shape[1] * a.shape[2] * b.shape[-1]
 
 
 # In-place writes of a few rows into a big tensor (a KV cache's new position: HF StaticCache's

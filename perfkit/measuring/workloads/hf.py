@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import re
 import sys
 
 import torch
@@ -38,7 +39,8 @@ from perfkit.measuring.workloads.workload import Workload, constructing_on
 __all__ = ["build_hf", "check_hf", "hf_config", "task_of", "TEXT_FLOP_CONVENTION"]
 
 TEXT_FLOP_CONVENTION = ("6N + 12·L·H·Q·T per token (PaLM app. B); N = parameters outside the "
-                        "embedding tables + a tied lm head")
+                        "embedding tables + a tied lm head; a mixture of experts' routed experts at "
+                        "top-k/E (active parameters)")
 #: model_size keys perfkit takes itself for a vision model (not config fields of every family).
 _VISION_OWN = ("image_size",)
 
@@ -196,8 +198,26 @@ class _DecoderStage(torch.nn.Module):
         return hidden
 
 
+def _expert_params(model, config) -> tuple[int, float]:
+    """(parameters of the routed experts, the share of them a token uses: top-k of E) of a
+    mixture of experts; (0, 1.0) for a dense model. Routed experts are the tensors with a leading
+    dimension of E under an ``experts`` module (transformers' fused experts) or the modules
+    ``experts.<i>`` (a list of them); a shared expert and the router count whole."""
+    n_experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    top_k = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k", None)
+    if not n_experts or not top_k:
+        return 0, 1.0
+    routed = sum(p.numel() for name, p in model.named_parameters()
+                 if ".experts." in f".{name}" and (p.dim() == 3 and p.shape[0] == n_experts
+                                                   or re.search(r"\.experts\.\d+\.", f".{name}")))
+    return routed, min(top_k, n_experts) / n_experts
+
+
 def _text_flop(model, config, seq_len: int) -> float:
-    matmul_params = non_embedding_params(model)
+    # A mixture of experts runs each token through top-k of its E routed experts: the active
+    # parameters (Fedus et al., Switch Transformers 2021; the convention MoE model cards state).
+    routed, active = _expert_params(model, config)
+    matmul_params = non_embedding_params(model) - routed * (1 - active)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
         matmul_params += head.weight.numel()  # tied: the head's matmul is not in the non-embedding N
