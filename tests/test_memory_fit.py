@@ -312,3 +312,24 @@ def test_cyclic_garbage_is_collected_as_the_optimizer_step_begins_and_its_bytes_
     assert got.garbage_collected_bytes == 256 * 1024 * 4
     assert got.columns("memory_tracked_")["memory_tracked_garbage_collected_bytes"] == 256 * 1024 * 4
     assert not optimizer._optimizer_step_pre_hooks  # the hook ends with the tracked step
+
+
+@pytest.mark.slow  # perfkit fit, twice
+def test_perfkit_fit_of_a_mixture_of_experts_answers_at_fp32_and_bf16(tmp_path):
+    # Issue 46: `perfkit fit` of a MoE printed a 200-line traceback and exited 1, the "does not fit"
+    # code: torch's meta kernel of the experts' grouped GEMM takes bf16 operands only (CUDA's rule),
+    # where the CPU kernel the fake step stands for runs fp32 and autocast's mixed operands.
+    import subprocess
+    import sys
+
+    sizes = [a for k, v in {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
+                            "num_local_experts": 8, "num_experts_per_tok": 2}.items() for a in ("--size", f"{k}={v}")]
+    fit = [sys.executable, "-m", "perfkit.cli", "fit", "hf:mixtral", *sizes, "--batch", "4", "--seq-len", "32",
+           "--no-compare", "--json", "-"]
+    for precision, budget, code in (("fp32", "1GiB", 0), ("bf16", "1GiB", 0), ("bf16", "4MiB", 1)):
+        done = subprocess.run([*fit, "--precision", precision, "--memory-bytes", budget], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == code, (precision, budget, done.stderr[-600:])
+        result = json.loads(done.stdout)
+        assert result["fits"] is (code == 0) and result["predicted_peak_bytes"] > 0

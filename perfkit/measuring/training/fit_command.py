@@ -163,6 +163,18 @@ def _largest(cfg, pred, one_more, budget, check):
     return batch
 
 
+def _cannot_predict(cfg, error: BaseException) -> str:
+    """One line for a step that fails on fake tensors (it would fail on the device too, or the fake
+    mode lacks a kernel): its own message, and what to try where it is known."""
+    text = " ".join(str(error).split())[:240]
+    hint = ""
+    if "Expected inputs of BF16" in text:
+        hint = ("; torch's grouped GEMM (a mixture of experts' experts) takes bf16 operands on CUDA, which "
+                "autocast does not cast for it: a run at this precision fails the same way; --precision "
+                "bf16-pure runs it")
+    return f"cannot predict {cfg.model}: its step failed on fake tensors ({type(error).__name__}: {text}){hint}"
+
+
 def run_fit(args) -> int:
     """``perfkit fit``: check, predict, print; exit 0 fits, 1 does not."""
     from perfkit.measuring.training import memory_fit
@@ -179,7 +191,12 @@ def run_fit(args) -> int:
     budget = device_bytes * (1 - args.headroom)
     say = (lambda msg: print(f"  … {msg}", file=sys.stderr)) if args.json != "-" else (lambda _m: None)
     t0 = time.perf_counter()
-    got = _predict_all(cfg, not args.no_compare, say)
+    try:
+        got = _predict_all(cfg, not args.no_compare, say)
+    except Exception as error:  # noqa: BLE001 - a crash is never a verdict: exit 1 says "does not fit"
+        if isinstance(error, BadInputError):
+            raise
+        raise BadInputError(_cannot_predict(cfg, error)) from error
     pred = got["base"]
     result = {
         "model": cfg.model, "model_size": dict(cfg.model_size), "batch_size": cfg.batch_size,

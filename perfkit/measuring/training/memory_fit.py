@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -359,9 +360,6 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
     live; "auto" is the CPU here). Raises :class:`BadInputError` with :func:`fit_reason`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from perfkit.measuring.training import parallel
-    from perfkit.measuring.training import step_setup
-
     reason = fit_reason(cfg)
     if reason:
         raise BadInputError(f"cannot predict this configuration's memory: {reason}")
@@ -375,6 +373,52 @@ def predict(cfg, *, top: int = 5, progress: Callable[[str], None] | None = None)
     as_run = (dataclasses.replace(cfg, parallelism="none", world_size=1, batch_size=cfg.batch_size // cfg.dp_size)
               if ddp_like else cfg)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # A kernel that refuses its inputs raises here, and the caller says so in one line; fake_tensor
+    # would also log the refusal with its traceback first.
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with _grouped_mm_as_the_cpu_runs_it(device):
+            return _predict_faked(cfg, as_run, ddp_like, fake_mode, device, top, say, t0)
+    finally:
+        quiet.setLevel(level)
+
+
+@contextlib.contextmanager
+def _grouped_mm_as_the_cpu_runs_it(device: torch.device):
+    """While a prediction for the CPU runs: ``aten._grouped_mm`` (a mixture of experts' experts) on
+    fake tensors as the CPU kernel runs it, in the operands' dtype. torch's meta kernel takes bf16
+    operands only (CUDA's rule), so a fake step of an fp32 or autocast MoE failed where the real CPU
+    step runs; for CUDA the meta kernel's rule stands (a real CUDA step fails the same way)."""
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten._grouped_mm.default
+    if device.type != "cpu" or op in fake_impls.op_implementations_dict:
+        yield
+        return
+
+    def grouped_mm(fake_mode, func, a, b, offs=None, bias=None, out_dtype=None):
+        from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+        groups = offs.shape[0] if offs is not None else a.shape[0]
+        shape = {(2, 3): (a.shape[0], b.shape[-1]), (3, 3): (a.shape[0], a.shape[1], b.shape[-1]),
+                 (2, 2): (groups, a.shape[0], b.shape[1]), (3, 2): (a.shape[1], b.shape[1])}[(a.dim(), b.dim())]
+        with in_kernel_invocation_manager(fake_mode):
+            meta = torch.empty(shape, dtype=out_dtype or a.dtype, device="meta")
+        return FakeTensor(fake_mode, meta, a.device)
+
+    fake_impls.op_implementations_dict[op] = grouped_mm
+    try:
+        yield
+    finally:
+        fake_impls.op_implementations_dict.pop(op, None)
+
+
+def _predict_faked(cfg, as_run, ddp_like: bool, fake_mode, device, top: int, say, t0: float) -> StepMemory:
+    from perfkit.measuring.training import parallel
+    from perfkit.measuring.training import step_setup
+
     with _fake_world(cfg.world_size if ddp_like else as_run.world_size), fake_mode:
         model, work = step_setup.prepare(as_run, device, build=_fake_builder(fake_mode))
         optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism if ddp_like else as_run.parallelism,
