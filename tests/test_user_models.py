@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import subprocess
 import sys
 
@@ -389,3 +390,28 @@ def test_a_mixture_of_experts_counts_its_experts_and_states_its_active_parameter
         per_token = 6 * (row["n_params_non_embedding"] - experts * (1 - 2 / 8)) + 12 * 2 * 4 * 16 * 32
         assert row["step_model_flop"] == pytest.approx(per_token * 32 * 4, rel=1e-9)
         assert (per_token + 6 * experts * (1 - 2 / 8)) / per_token > 2  # every expert counted: the old figure
+
+
+@pytest.mark.parametrize("size, says", [
+    ({"hidden_size": 64, "num_attention_heads": 3}, "transformers refuses this model_size: "
+                                                    "StrictDataclassClassValidationError"),
+    ({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512, "pad_token_id": 600}, "pad_token_id 600 is past vocab_size 512"),
+])
+def test_a_model_size_transformers_refuses_is_one_line_before_anything_runs(size, says):
+    # Issue 46 item 6: a traceback and exit 1 from inside the kernel; now the pre-run check's one line.
+    with pytest.raises(BadInputError, match=re.escape(says)):
+        catalog.check(catalog.make("hf:llama", size, seq_len=16))
+
+
+def test_special_token_ids_past_a_shrunk_vocabulary_are_cleared_and_the_row_says_so():
+    # phi3's pad and eos ids (32000) past vocab_size 512: the embedding refused its padding index once
+    # the kernel had started. Cleared, and said in the row.
+    work = catalog.build(catalog.make("hf:phi3", {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "vocab_size": 512, "intermediate_size": 128}, seq_len=16),
+                         device="meta")
+    assert work.config_note.startswith("cleared pad_token_id 32000, eos_token_id 32000: past vocab_size 512")
+    row = train_step_benchmark(TrainConfig(model="hf:phi3", batch_size=2, seq_len=16, steps=2, device="cpu",
+                                           model_size={"hidden_size": 64, "num_hidden_layers": 2,
+                                                       "num_attention_heads": 4, "vocab_size": 512,
+                                                       "intermediate_size": 128}))
+    assert row["status"] == "ok" and row["model_config_note"] == work.config_note

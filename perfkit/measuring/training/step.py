@@ -195,7 +195,7 @@ def rank_facts(work: Workload, device: torch.device) -> dict:
     info = detect(str(device))
     return {"n_params": work.n_params, "n_params_non_embedding": work.n_params_non_embedding,
             "flop_per_sample": work.flop_per_sample, "tokens_per_sample": work.tokens_per_sample,
-            "model_family": work.family, "flop_reason": work.flop_reason,
+            "model_family": work.family, "flop_reason": work.flop_reason, "config_note": work.config_note,
             "flop_convention": work.flop_convention,
             "device": device.type, "device_kind": info.kind, "device_name": info.name,
             # The CPU this rank computed on (affinity, cores, threads): the MFU's peak is of these.
@@ -271,7 +271,7 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
             if cfg.precision == "fp8" else ""),
         **fp8_notes.fp8_columns(cfg),
         "mfu_reason": first.get("flop_reason") or peak.reason,
-        "model_family": first.get("model_family", "builtin"),
+        "model_family": first.get("model_family", "builtin"), "model_config_note": first.get("config_note"),
         **catalog.package_versions(first.get("model_family", "builtin")),
         "step_counted_flop": counted_flop,
         "counted_flop_per_s": counted_flop / step_s,

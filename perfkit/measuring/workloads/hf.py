@@ -99,13 +99,47 @@ def hf_config(spec: UserModelSpec):
         close = {k: difflib.get_close_matches(k, sorted(known), n=3) for k in unknown}
         hints = "; ".join(f"{k}: close {', '.join(v)}" if v else k for k, v in close.items())
         raise BadInputError(f"hf:{model_type}: model_size keys the config does not have: {hints}")
-    config = _transformers().AutoConfig.for_model(model_type, **sizes)
+    try:
+        config = _transformers().AutoConfig.for_model(model_type, **sizes)
+    except Exception as error:  # noqa: BLE001 - transformers' own validation (StrictDataclass..., ValueError)
+        said = " ".join(str(error).split())[:300]
+        raise BadInputError(f"hf:{model_type}: transformers refuses this model_size: {type(error).__name__}: "
+                            f"{said}") from None
+    own["config_note"] = _special_ids_within(config, model_type, sizes)
     if task != "image-classification" and spec.seq_len is not None:
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and spec.seq_len > limit:
             raise BadInputError(f"hf:{model_type}: seq_len {spec.seq_len} > the config's "
                                 f"max_position_embeddings {limit}")
     return config, own
+
+
+_SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                "cls_token_id", "mask_token_id")
+
+
+def _special_ids_within(config, model_type: str, sizes: dict) -> str | None:
+    """Clear the config's special token ids at or past a vocabulary ``model_size`` shrank (phi3's
+    pad_token_id 32000, whisper's 50257, against vocab_size 512: the embedding refuses a padding
+    index past its rows, once the kernel has started); an id the user set there is refused. Returns
+    what was cleared, for the row (``model_config_note``), or None."""
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return None
+    cleared = []
+    for name in _SPECIAL_IDS:
+        value = getattr(config, name, None)
+        ids = value if isinstance(value, list) else [value]
+        outside = [i for i in ids if isinstance(i, int) and i >= vocab]
+        if not outside:
+            continue
+        if name in sizes:
+            raise BadInputError(f"hf:{model_type}: {name} {value} is past vocab_size {vocab}: ids are 0..{vocab - 1}")
+        kept = [i for i in ids if not (isinstance(i, int) and i >= vocab)]
+        setattr(config, name, (kept or None) if isinstance(value, list) else None)
+        cleared.append(f"{name} {value}")
+    return (f"cleared {', '.join(cleared)}: past vocab_size {vocab} (the model_size's), so no such token "
+            "exists; the synthetic batches use none of them") if cleared else None
 
 
 def check_hf(spec: UserModelSpec) -> None:
@@ -264,5 +298,6 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
         flop_per_sample=flop, flop_reason=reason,
         flop_convention=TEXT_FLOP_CONVENTION if reason is None else None,
         tokens_per_sample=tokens, block_names=blocks, tp_plan=_tp_plan(model, blocks), family="hf",
+        config_note=own.get("config_note"),
         stem_names=split[0] if split else (), head_names=split[1] if split else (),
         stage=_DecoderStage if split else None, _batch=seed_generator_batch(batch))

@@ -70,6 +70,9 @@ class Workload:
     """``stage(model, lo, hi, first=, last=, autocast=) -> nn.Module``: blocks ``[lo, hi)`` of
     ``model`` as a pipeline stage (the stem on the first, the head on the last); None: no pp."""
     family: str = "builtin"
+    config_note: str | None = None
+    """What perfkit changed in the model's config to build it (a special token id past a shrunk
+    vocabulary, cleared), for the row's ``model_config_note``; None: nothing."""
     """One of :data:`FAMILIES`."""
     _batch: Callable[[int, torch.Generator], tuple] = field(repr=False)
 
