@@ -111,7 +111,7 @@ def _stream_c(exe: Path, n: int, ntimes: int = 10) -> tuple[float, float]:
     return 24 * n / statistics.median(times), 24 * n / min(times)
 
 
-def _plain_matmul(device: str, dtype: torch.dtype, n: int, warmup: int = 3, calls: int = 20) -> tuple[float, float]:
+def plain_matmul(device: str, dtype: torch.dtype, n: int, warmup: int = 3, calls: int = 20) -> tuple[float, float]:
     """(best, median) FLOP/s of a plain ``a @ b`` of n-cubed: per-call CUDA events on a GPU, the
     host clock around each call on a CPU."""
     a = torch.randn(n, n, device=device).to(dtype)
@@ -147,7 +147,7 @@ def _ceiling_vs_plain(device: str) -> float:
     plain, n = {}, 256 if on_cpu else 1024
     free = stream.free_memory_bytes(device)
     while 6 * n * n * dtype.itemsize <= free // 2:  # sources and the result, with room
-        plain[n] = _plain_matmul(device, dtype, n)
+        plain[n] = plain_matmul(device, dtype, n)
         if 2 * (2 * n) ** 3 / plain[n][0] > (1.0 if on_cpu else 0.5):  # the next size's call would be too long
             break
         n *= 2

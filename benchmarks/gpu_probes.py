@@ -14,7 +14,6 @@ figures to compare with are the H200's, in ../shared/reference/gpu-h200/ (its RE
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -31,24 +30,14 @@ def _emit(record: dict) -> None:
     print(json.dumps(record, default=str), flush=True)
 
 
-def _plain_matmul_tflops(n: int, calls: int = 20) -> dict:
-    """A plain bf16 ``a @ b`` of n-cubed, as the H200 reference measured it: 3 warm-ups, 20 CUDA-event timings."""
+def _plain_matmul_tflops(n: int) -> dict:
+    """A plain bf16 ``a @ b`` of n-cubed, as the H200 reference measured it (benchmarks/ceilings.py's)."""
     import torch
 
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    flop = 2 * n ** 3
-    return {"n": n, "best_tflops": flop / min(times) / 1e12, "median_tflops": flop / statistics.median(times) / 1e12}
+    from ceilings import plain_matmul  # benchmarks/, this script's own folder
+
+    best, median = plain_matmul("cuda", torch.bfloat16, n)
+    return {"n": n, "best_tflops": best / 1e12, "median_tflops": median / 1e12}
 
 
 def ceiling() -> None:
