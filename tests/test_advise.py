@@ -355,3 +355,27 @@ def test_a_noisy_inference_row_names_its_metric_and_its_row(tmp_path):
     (f,) = advise_json(folder, "--rule", "noisy")
     assert (f["evidence"]["metric"], f["evidence"]["row"]) == ("tpot_s", "batch_size=4"), f["evidence"]
     assert "tpot_s of the batch_size=4 row IQR 40%" in f["summary"]
+
+
+def test_the_launch_bound_experiment_expands_against_the_inference_notebook(tmp_path):
+    # Issue 44 item 1: --verify runs the experiment, so its spec must be one the notebook takes.
+    import yaml
+
+    from perfkit.analyse.advice import Experiment, Finding
+    from perfkit.run.sweep.spec import expand, load_spec
+    from perfkit.view.advise_followup import spec_for
+
+    (tmp_path / "notebooks").mkdir()
+    params = {"model": "hf:llama", "batch_sizes": [1, 8], "precision": "bf16", "device": "cuda"}
+    (tmp_path / "notebooks" / "inf.ipynb").write_text(json.dumps(
+        {"metadata": {"papermill": {"input_path": str(REPO / "notebooks" / "inference.ipynb"), "parameters": params}}}))
+    finding = Finding(rule="launch_bound_generation", constraint="launch/host-bound generation", point="inference",
+                      config_ids=("inf",), cost_share=0.99, evidence={}, summary="", advice="",
+                      experiment=Experiment(notebook="inference.ipynb", parameter="compile", current=False,
+                                            proposed=True, also={"compile_mode": "reduce-overhead"}, metric="tpot_s"))
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_for(finding, tmp_path, rounds=2)))
+    configs = expand(load_spec(path))
+    advised = [c.params for c in configs if c.params.get("compile")]
+    assert advised and all(p["compile_mode"] == "reduce-overhead" and p["model"] == "hf:llama" for p in advised)
+    assert any(not c.params.get("compile") for c in configs)
