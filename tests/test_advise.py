@@ -357,6 +357,7 @@ def test_a_noisy_inference_row_names_its_metric_and_its_row(tmp_path):
     assert "tpot_s of the batch_size=4 row IQR 40%" in f["summary"]
 
 
+@pytest.mark.slow  # the notebook's value check builds hf:llama's config (transformers' import)
 def test_the_launch_bound_experiment_expands_against_the_inference_notebook(tmp_path):
     # Issue 44 item 1: --verify runs the experiment, so its spec must be one the notebook takes.
     import yaml
