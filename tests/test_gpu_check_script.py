@@ -68,6 +68,7 @@ def test_bad_arguments_exit_2_with_one_line_and_a_wheel_folder_is_named_in_the_p
     assert "usage" not in _run("--help").stderr and "--wheels DIR" in _run("--help").stdout
 
 
+@pytest.mark.slow  # a perfkit process whose check builds hf:llama's config (transformers' import)
 def test_the_sweep_spec_of_the_check_expands_against_the_notebooks(tmp_path):
     spec = tmp_path / "spec.yaml"
     made = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_probes.py"), "sweep-spec", str(REPO)],

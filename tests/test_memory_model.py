@@ -216,11 +216,11 @@ def test_layouts_resolve_from_the_parallelism():
 # sample), category by category: it missed the loss's transient (the model's output and the fp32
 # gradient pair, 10 bytes a logit) and, for the mlp, a hidden layer's pair of activation gradients,
 # and it counted gradients that set_to_none has freed at the start of backward.
-_SMALL_GPT = {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab_size": 1024}
+_SMALL_GPT = {"n_layers": 1, "d_model": 64, "n_heads": 4, "vocab_size": 512}
 
 
 @pytest.mark.parametrize("model, size, extra, batches", [
-    ("transformer", _SMALL_GPT, {"seq_len": 64}, (2, 16)),
+    ("transformer", _SMALL_GPT, {"seq_len": 32}, (2, 16)),
     ("mlp", {"hidden_features": 512}, {}, (8, 4096)),
 ])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-pure"])
