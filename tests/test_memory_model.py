@@ -219,6 +219,7 @@ def test_layouts_resolve_from_the_parallelism():
 _SMALL_GPT = {"n_layers": 1, "d_model": 64, "n_heads": 4, "vocab_size": 512}
 
 
+@pytest.mark.slow  # twelve fake-tensor steps: the full suite's, not the inner loop's
 @pytest.mark.parametrize("model, size, extra, batches", [
     ("transformer", _SMALL_GPT, {"seq_len": 32}, (2, 16)),
     ("mlp", {"hidden_features": 512}, {}, (8, 4096)),
