@@ -81,14 +81,15 @@ def _device_of(row: pd.Series) -> str:
     return "?"
 
 
-def device_roof(ceilings: pd.DataFrame, device: str, dtype: str) -> tuple[float, str] | None:
-    """The compute roof of ``dtype`` on ``device`` and its origin in words: the best measured
-    ceiling of that device where one was measured, else its spec sheet's, else the theoretical;
-    None without any. (Issue 44: the max over every origin and device called the H200's spec
-    sheet, 989.4 TFLOP/s, the folder's "measured" ceiling, where it had measured 681-738.)"""
+def device_roof(ceilings: pd.DataFrame, devices: pd.Series, device: str, dtype: str) -> tuple[float, str] | None:
+    """The compute roof of ``dtype`` on ``device`` and its origin in words (``devices``: each
+    ceiling row's device, :func:`_device_of`): the best measured ceiling of that device where one
+    was measured, else its spec sheet's, else the theoretical; None without any. (Issue 44: the
+    max over every origin and device called the H200's spec sheet, 989.4 TFLOP/s, the folder's
+    "measured" ceiling, where it had measured 681-738.)"""
     if ceilings.empty:
         return None
-    mine = ceilings[(ceilings.apply(_device_of, axis=1) == device) & (ceilings["dtype"] == dtype)]
+    mine = ceilings[(devices == device) & (ceilings["dtype"] == dtype)]
     if mine.empty:
         return None
     origin = min(mine["origin"].fillna("measured"), key=lambda o: _ORIGIN_ORDER.get(o, 3))
@@ -106,8 +107,9 @@ def gemm_below_ceiling(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
         return
     ceilings = ok[(ok.get("workload") == "ceiling") & (ok.get("kind") == "compute")] if "kind" in ok else ok.iloc[0:0]
     devices = rows.apply(_device_of, axis=1)
+    roof_devices = ceilings.apply(_device_of, axis=1) if len(ceilings) else pd.Series(dtype=object)
     for (device, dtype), group in rows.groupby([devices, rows["dtype"].fillna("?")]):
-        found = device_roof(ceilings, device, dtype)
+        found = device_roof(ceilings, roof_devices, device, dtype)
         if found is None:
             if len(group) < 2:
                 continue  # one GEMM and no ceiling: nothing to hold it against
