@@ -156,7 +156,7 @@ def is_note(f: Finding) -> bool:
     return not finite(f.cost_share) and f.rule != "noisy"
 
 
-def grouped_notes(findings: Sequence[Finding]) -> list[tuple[Rule | str, list[Finding]]]:
+def grouped_notes(findings: Sequence[Finding]) -> list[tuple[str, list[Finding]]]:
     """The notes (:func:`is_note`) by rule, in the order first seen: ``[(rule name, findings)]``."""
     groups: dict[str, list[Finding]] = {}
     for f in findings:

@@ -185,7 +185,7 @@ def activation_bytes(cfg, *, batch_per_rank: int | None = None) -> tuple[float, 
 
 def backward_transient_bytes(cfg, *, batch_per_rank: int | None = None) -> float:
     """The bytes beyond :func:`activation_bytes` the step holds at the start of backward (the
-    model's output and the loss's gradients: see ``_loss_transient``), per rank; NaN where the
+    model's output and the loss's gradients: see ``_backward_transient``), per rank; NaN where the
     activations have no model. Under ``pp`` the last stage's, per microbatch."""
     from perfkit.measuring.training.config import workload_spec
 

@@ -193,9 +193,9 @@ def run_fit(args) -> int:
     t0 = time.perf_counter()
     try:
         got = _predict_all(cfg, not args.no_compare, say)
+    except BadInputError:
+        raise
     except Exception as error:  # noqa: BLE001 - a crash is never a verdict: exit 1 says "does not fit"
-        if isinstance(error, BadInputError):
-            raise
         raise BadInputError(_cannot_predict(cfg, error)) from error
     pred = got["base"]
     result = {

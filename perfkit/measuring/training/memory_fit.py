@@ -286,7 +286,7 @@ def row_columns(cfg, rank_results: list[dict]) -> tuple[dict, StepMemory | None]
         pred = predict_elsewhere(cfg)
         out.update(pred.columns("memory_predicted_"))
         out["memory_predicted_over_tracked"] = pred.peak_bytes / peaks[0] if peaks[0] else math.nan
-    return out, pred if reason is None else None
+    return out, pred
 
 
 # ------------------------------------------------------------------------------ the fake step
