@@ -107,8 +107,15 @@ def edge_columns(cfg, budget_bytes: int | None, analytic_edge: float,
     fake = math.nan
     if reason is None:
         try:
-            base = prediction or predict_elsewhere(cfg)
-            batch, _ = largest_batch(cfg, base, budget_bytes, one_more=predict_elsewhere(one_more_per_rank(cfg)))
+            # The line through the analytic edge and a sample more, where it models the step (within
+            # 10 % of the fake one): two fake steps near the answer, where a line from the row's own
+            # batch needs two more there to correct it (the refit in largest_batch).
+            seeded = (dataclasses.replace(cfg, batch_size=int(analytic_edge))
+                      if analytic_edge is not None and math.isfinite(analytic_edge) and analytic_edge >= cfg.dp_size
+                      else cfg)
+            base = prediction if prediction is not None and seeded is cfg else predict_elsewhere(seeded)
+            batch, _ = largest_batch(seeded, base, budget_bytes,
+                                     one_more=predict_elsewhere(one_more_per_rank(seeded)))
             fake = math.nan if batch is None else batch
             reason = None if batch is not None else "not one sample per rank fits the budget"
         except Exception as error:  # noqa: BLE001 - a model fake tensors cannot run keeps its row
