@@ -17,6 +17,7 @@ import perfkit
 import perfkit.run.sweep
 from perfkit.run.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
 from perfkit.run.sweep.engine import device_slots
+from perfkit.run.sweep import slots
 from perfkit.run import _teardown
 
 MODES = Path(__file__).parent / "notebooks" / "modes.ipynb"
@@ -315,7 +316,7 @@ def test_a_slot_warms_a_kernel_only_for_a_configuration_no_other_slot_warmed_for
         def __init__(self, warmed=False):
             self.warmed, self.warmed_for = warmed, []
 
-        def warm(self, variant):
+        def warm(self, variant, statement=None):
             self.warmed_for.append(variant)
 
     def waiting(*variants):
@@ -325,14 +326,14 @@ def test_a_slot_warms_a_kernel_only_for_a_configuration_no_other_slot_warmed_for
         return q
 
     me, other = FakeSlot(), FakeSlot(warmed=True)
-    engine._warm_next(me, [me, other], waiting("last"))  # the other slot's kernel is for it
+    slots.warm_next(me, [me, other], waiting("last"))  # the other slot's kernel is for it
     assert me.warmed_for == []
-    engine._warm_next(me, [me, other], waiting("second-last", "last"))
+    slots.warm_next(me, [me, other], waiting("second-last", "last"))
     assert me.warmed_for == ["last"]
     alone = FakeSlot()
-    engine._warm_next(alone, [alone, FakeSlot()], waiting("last"))
+    slots.warm_next(alone, [alone, FakeSlot()], waiting("last"))
     assert alone.warmed_for == ["last"]
-    engine._warm_next(alone, [alone], waiting())
+    slots.warm_next(alone, [alone], waiting())
     assert alone.warmed_for == ["last"]
 
 
@@ -342,12 +343,12 @@ def test_every_kernel_of_a_prestarted_sweep_ends_with_it(tmp_path, monkeypatch):
 
     started = []
 
-    class Counted(engine.WarmKernel):
+    class Counted(slots.WarmKernel):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             started.append(self)
 
-    monkeypatch.setattr(engine, "WarmKernel", Counted)
+    monkeypatch.setattr(slots, "WarmKernel", Counted)
     spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"x": [1, 2, 3, 4, 5]}),))
     result = run_sweep(spec, tmp_path, workers=2, progress=False, prestart=True)
     assert [o.status for o in result.outcomes] == ["ok"] * 5
@@ -366,7 +367,7 @@ def test_a_kernel_that_fails_to_start_fails_its_configuration_not_the_sweep(tmp_
         def __init__(self, **kwargs):
             raise RuntimeError("kernel refused to start")
 
-    monkeypatch.setattr(engine, "WarmKernel", NoKernel)
+    monkeypatch.setattr(slots, "WarmKernel", NoKernel)
     spec = SweepSpec(parts=(SweepPart(notebook=TRIVIAL, grid={"x": [1, 2, 3]}),))
     for prestart in (False, True):
         out = tmp_path / f"prestart-{prestart}"

@@ -43,7 +43,7 @@ from .results_files import IGNORE_MARKER, TMP_MARK, concat_to_pandas, merge_unit
 if TYPE_CHECKING:
     from .env import Described
 
-__all__ = ["RunContext", "current_context", "record", "record_ending", "skip", "load", "write_rows", "CONTEXT_ENV", "unit_of",
+__all__ = ["RunContext", "current_context", "record", "record_ending", "skip", "load", "write_rows", "stamp", "CONTEXT_ENV", "unit_of",
            "IGNORE_MARKER"]
 
 CONTEXT_ENV = "PERFKIT_CONTEXT"
@@ -176,13 +176,30 @@ def write_rows(frame: pd.DataFrame, path: Path) -> None:
     A crash at any moment leaves either the old file or the new one, never a partial file; a
     stray temp file is ignored by :func:`load`.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         frame = pd.concat([_read_one(path), frame], ignore_index=True)
+    _write_frame(frame, path)
+
+
+def stamp(path: str | Path, values: Mapping[str, object]) -> None:
+    """Set ``values`` (column → one value) on every row of the results file at ``path``, atomically
+    as :func:`write_rows`: what the engine learns of a configuration only once its notebook ran
+    (its measurement window). A missing file is left missing."""
+    path = Path(path)
+    if not path.exists():
+        return
+    frame = _read_one(path)
+    for name, value in values.items():
+        frame[name] = value
+    _write_frame(frame, path)
+
+
+def _write_frame(frame: pd.DataFrame, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     table = pa.Table.from_pandas(frame, preserve_index=False)
     units = {c: u for c in frame.columns if (u := unit_of(str(c)))}
     meta = dict(table.schema.metadata or {})

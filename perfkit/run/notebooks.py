@@ -17,7 +17,11 @@ from pathlib import Path
 
 from ..core.errors import BadInputError, ParameterTypeError, UnknownParameterError
 
-__all__ = ["Parameter", "NotebookSpec", "read_notebook", "coerce_cli_value", "check_params", "config_id"]
+#: The tag of a code cell that only views results (plots, tables, advice): from the first one on, a
+#: sweep hands the device to the next configuration (:mod:`perfkit.run._papermill_engine`).
+VIEW_TAG = "view"
+
+__all__ = ["VIEW_TAG", "warm_statement", "Parameter", "NotebookSpec", "read_notebook", "coerce_cli_value", "check_params", "config_id"]
 
 _MISSING = object()
 
@@ -59,6 +63,10 @@ class NotebookSpec:
     with every parameter's value (defaults, overridden by the configuration's) before anything
     runs, it raises :class:`BadInputError` for values the notebook's code would refuse, so a bad
     value in a sweep fails in a second, with exit 2, not in a kernel minutes later."""
+    warm: str | None = None
+    """``"module:function"`` from the metadata's ``perfkit.warm``: called in a configuration's kernel
+    with its parameters (as ``check``) while the kernel is prestarted, it imports what that
+    configuration will (its model's library), so the imports are not inside its measurement."""
 
     @property
     def names(self) -> list[str]:
@@ -86,22 +94,48 @@ def read_notebook(path: str | Path) -> NotebookSpec:
         )
     if len(tagged) > 1:
         raise BadInputError(f"{path} has {len(tagged)} cells tagged 'parameters'; keep exactly one")
+    _check_view_cells(code, path)
     source = _source(tagged[0])
     digest = hashlib.sha256("\n\x00".join(_source(c) for c in code).encode()).hexdigest()
     imports = tuple(stmt for c in code if c is not tagged[0] for stmt in _imports(_source(c)))
     return NotebookSpec(path=path, parameters=_parse_parameters(source, path), code_sha256=digest,
-                        imports=tuple(dict.fromkeys(imports)), check=_check_target(nb, path))
+                        imports=tuple(dict.fromkeys(imports)), check=_check_target(nb, path),
+                        warm=_check_target(nb, path, "warm"))
 
 
-def _check_target(nb: dict, path: Path) -> str | None:
+def _check_view_cells(code: list[dict], path: Path) -> None:
+    """Cells tagged ``view`` only view what the cells above them recorded: a sweep hands the device
+    to the next configuration before the first one runs, so no measuring cell may follow it."""
+    viewing = False
+    for index, cell in enumerate(code):
+        is_view = VIEW_TAG in (cell.get("metadata", {}).get("tags") or [])
+        if viewing and not is_view and _source(cell).strip():
+            raise BadInputError(
+                f"{path}: code cell {index + 1} follows a cell tagged '{VIEW_TAG}' without the tag itself; the "
+                f"device is handed on before the first '{VIEW_TAG}' cell, so tag every cell after it "
+                f"'{VIEW_TAG}' (it only views results) or move it above")
+        viewing = viewing or is_view
+
+
+def _check_target(nb: dict, path: Path, key: str = "check") -> str | None:
     meta = nb.get("metadata", {}).get("perfkit", {}) if isinstance(nb.get("metadata"), dict) else {}
-    target = meta.get("check") if isinstance(meta, dict) else None
+    target = meta.get(key) if isinstance(meta, dict) else None
     if target is None:
         return None
     module, _, function = str(target).partition(":")
     if not module or not function.isidentifier():
-        raise BadInputError(f"{path}: metadata perfkit.check must be 'module:function', got {target!r}")
+        raise BadInputError(f"{path}: metadata perfkit.{key} must be 'module:function', got {target!r}")
     return str(target)
+
+
+def warm_statement(spec: NotebookSpec, params: Mapping[str, object]) -> str | None:
+    """The code a prestarted kernel runs for a configuration of ``spec`` with ``params``: its
+    notebook's ``perfkit.warm`` function called with every parameter's value; None without one."""
+    if spec.warm is None:
+        return None
+    module, _, function = spec.warm.partition(":")
+    values = {name: p.default for name, p in spec.parameters.items()} | dict(params)
+    return f"import importlib; importlib.import_module({module!r}).{function}({values!r})"
 
 
 def _run_check(spec: NotebookSpec, params: Mapping[str, object]) -> None:

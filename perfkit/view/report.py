@@ -11,6 +11,7 @@ import datetime as _dt
 import html
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,6 +310,16 @@ def _environment(df: pd.DataFrame) -> str:
     return f"<h2>Environment fingerprints</h2>{warn}<ul>{''.join(items)}</ul>"
 
 
+def _device_busy(results_dir) -> str:
+    """Each sweep run into the folder: how much of its wall time its devices spent measuring."""
+    from ..run.sweep.busy import read_summaries
+
+    runs = read_summaries(results_dir) if results_dir is not None else []
+    items = [f"<li>{html.escape(time.strftime('%Y-%m-%d %H:%M', time.gmtime(r.ended_unix_s)))} UTC, "
+             f"{r.configs} configurations: {html.escape(r.line())}</li>" for r in runs[-10:]]
+    return f"<h3>Device busy (sweep runs)</h3><ul>{''.join(items)}</ul>" if items else ""
+
+
 _CSS = """<style>
 body{font-family:system-ui,sans-serif;margin:1.5em} table.pk{border-collapse:collapse;font-size:12px}
 table.pk td,table.pk th{border:1px solid #ccc;padding:2px 6px;text-align:left}
@@ -341,7 +352,7 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str
             parts.append(Div(text=item, sizing_mode="stretch_width") if isinstance(item, str)
                          else hv.render(item, backend="bokeh"))
     parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
-    parts.append(Div(text=_environment(df), sizing_mode="stretch_width"))
+    parts.append(Div(text=_environment(df) + _device_busy(results_dir), sizing_mode="stretch_width"))
     layout = column(*parts)
     layout.tags = shown
     return layout

@@ -25,7 +25,8 @@ from perfkit.measuring.workloads import configs
 from perfkit.measuring.workloads.user import UserModelSpec
 from perfkit.measuring.workloads.workload import Workload
 
-__all__ = ["family_of", "make", "check", "build", "meta", "is_builtin", "package_versions", "rank_imports"]
+__all__ = ["family_of", "make", "check", "build", "meta", "is_builtin", "package_versions", "rank_imports",
+           "warm_modules", "warm_imports"]
 
 _PREFIXES = {"hf:": "hf", "torchvision:": "torchvision"}
 
@@ -137,6 +138,32 @@ def rank_imports(model: str) -> tuple[str, ...]:
     from perfkit.measuring.workloads.hf import rank_imports as hf_rank_imports
 
     return hf_rank_imports(model[len("hf:"):])
+
+
+def warm_modules(model: object) -> tuple[str, ...]:
+    """What building ``model`` imports that is worth importing before a measurement starts (a
+    sweep's prestarted kernel does): transformers' modules for ``hf:``, torchvision's models;
+    never a user's entry point (see :func:`rank_imports`). Nothing for a name that is no model."""
+    try:
+        family = family_of(model)
+    except BadInputError:
+        return ()
+    if family == "torchvision":
+        return ("torchvision.models",)
+    return rank_imports(model) if family == "hf" else ()
+
+
+def warm_imports(params: Mapping[str, object]) -> None:
+    """The warm-up of the training and inference notebooks (their metadata ``perfkit.warm``): a
+    sweep's prestarted kernel imports what a configuration with ``params`` will, outside its
+    measurement window. torch.optim imports torch._dynamo when the first optimizer is made (1.26 s
+    of a 1.40 s transformer training row on a 2-core host); ``hf:`` models import transformers'."""
+    import importlib
+
+    import torch._dynamo  # noqa: F401
+
+    for module in warm_modules(params.get("model")):
+        importlib.import_module(module)
 
 
 def package_versions(family: str) -> dict[str, str | None]:

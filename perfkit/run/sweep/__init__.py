@@ -25,12 +25,13 @@ __all__ = ["SweepPart", "SweepSpec", "Config", "SweepResult", "load_spec", "expa
 
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, workers: int = 1, retry_failed: bool = False,
-              progress: bool | None = None, prestart: bool | None = None,
+              progress: bool | None = None, prestart: bool | None = None, overlap: bool | None = None,
               configs: list[Config] | None = None) -> SweepResult:
     """Validate ``spec`` (a SweepSpec or a YAML path), then run what is not done into ``out_dir``.
 
     ``progress``: a tqdm bar with counts by status and an ETA; by default only on a terminal.
-    ``configs``: ``expand(spec)``, where the caller has expanded it already.
+    ``configs``: ``expand(spec)``, where the caller has expanded it already. ``prestart`` and
+    ``overlap``: :func:`~perfkit.run.sweep.engine.run_configs`'.
     """
     from tqdm.auto import tqdm
 
@@ -54,7 +55,7 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, workers: int
 
     try:
         return run_configs(configs, out_dir, workers=workers, retry_failed=retry_failed,
-                           on_start=on_start, on_outcome=on_outcome, prestart=prestart)
+                           on_start=on_start, on_outcome=on_outcome, prestart=prestart, overlap=overlap)
     finally:
         if bar is not None:
             bar.close()

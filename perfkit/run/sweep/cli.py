@@ -70,8 +70,9 @@ def executor_from_args(args):
     slurm, ray = slurm_options(args), ray_options(args)
     if slurm is not None or ray is not None:
         return Executor(args.executor, slurm if slurm is not None else ray)
-    prestart = {"auto": None, "on": True, "off": False}[getattr(args, "prestart", "auto")]
-    return Executor("local", workers=getattr(args, "workers", 1), prestart=prestart)
+    choice = {"auto": None, "on": True, "off": False}
+    return Executor("local", workers=getattr(args, "workers", 1), prestart=choice[getattr(args, "prestart", "auto")],
+                    overlap=choice[getattr(args, "overlap", "auto")])
 
 
 def ray_options(args) -> dict | None:
@@ -150,6 +151,8 @@ def _summary(result) -> None:
     parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to run"
     print(f"sweep: {ran} run ({parts}), {result.already_done} already done, "
           f"{result.wall_time_s:.1f} s → {result.out_dir}")
+    if result.busy is not None:
+        print(result.busy.line())
     bad = [o for o in result.outcomes if o.status != "ok"]
     if bad:
         print(f"{'config_id':<28} {'status':<8} reason")
@@ -249,6 +252,11 @@ def add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                    help="start each slot's next kernel (at idle priority) while the current configuration "
                         "runs: hides kernel start-up. auto (default): on GPU slots only, since a starting "
                         "kernel perturbs CPU measurements on the same cores")
+    p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
+                   help="hand a slot to its next configuration when the current one reaches its cells "
+                        "tagged 'view' (plots, tables, advice), which then run beside the next measurement; "
+                        "a configuration still ends only when its notebook did. auto (default): on GPU "
+                        "slots only, since view cells would compete for the cores a CPU measurement uses")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("new", help="scaffold a notebook and a sweep spec from templates/ (--model: your model's entry point)")

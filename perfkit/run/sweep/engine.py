@@ -5,14 +5,16 @@
   again; ``failed``/``timeout`` run again only with ``retry_failed``. Before an attempt, rows of
   an earlier unfinished attempt are removed, so every configuration's rows come from exactly one
   attempt.
-- **Slots.** ``workers`` slots run at once. On GPUs each slot owns ``devices_per_config``
-  devices (``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, disjoint); on CPU the slots split
-  the cores (every thread variable: ``core.cpu_share.thread_env``), and whatever a configuration
-  starts computes with the threads it would have had alone (``with_threads``: the launcher's
-  split, a caller's per-rank count, a variant's ``OMP_NUM_THREADS``).
+- **Slots.** ``workers`` slots run at once (:mod:`.slots`): disjoint GPUs, or a share of the
+  cores each; whatever a configuration starts computes with the threads it would have had alone
+  (``with_threads``: the launcher's split, a caller's per-rank count, a variant's ``OMP_NUM_THREADS``).
 - **Kernel start-up off the critical path.** While a slot runs one configuration, its next
-  kernel starts (and imports the notebook's modules) in the background. A kernel never serves
-  two configurations.
+  kernel starts (imports the notebook's modules; on a GPU, makes its context) in the background.
+  A kernel never serves two configurations.
+- **The device handed on when measuring ends.** With ``overlap`` (GPU slots by default), a
+  configuration's ``view`` cells run while the slot's next configuration measures; it still ends
+  only when its notebook did, with its own status. A CPU slot does not overlap unless asked: view
+  cells would compete for the cores being measured. :mod:`.busy` says how busy the slots were.
 - **OOM is an edge.** After an ``oom`` at value v of the spec's ``oom_axis`` (batch size),
   pending configurations equal but for a larger value (same variant) are ``skipped`` without
   running.
@@ -27,7 +29,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import queue
 import signal
@@ -40,11 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core import status as st
-from ...core.cpu_share import affinity_cpus, thread_env
+from ...core.cpu_share import affinity_cpus
 from ..execute import Outcome, WarmKernel, execute_config, has_status_row
-from ..notebooks import read_notebook
+from ..notebooks import read_notebook, warm_statement
 from ...core.results import record
+from .busy import BusyShare, append_summary, busy_share
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
+from .slots import Slot, device_slots, is_gpu_slot, warm_next
 from .spec import Config, Variant
 from .variants import kernel_env
 
@@ -66,6 +69,8 @@ class SweepResult:
     """Configurations this sweep set out to run (the spec's, less those already done)."""
     outcomes: list[Outcome] = field(default_factory=list)
     wall_time_s: float = 0.0
+    busy: BusyShare | None = None
+    """How busy the device slots were (:mod:`.busy`); None when nothing ran."""
 
     def counts(self) -> Counter:
         return Counter(o.status for o in self.outcomes)
@@ -88,44 +93,6 @@ def should_run(previous: str | None, retry_failed: bool) -> bool:
     if previous is None or previous in RERUN_BY_DEFAULT:
         return True
     return retry_failed and previous in (st.FAILED, st.TIMEOUT)
-
-
-def _gpu_ids() -> list[str]:
-    """Visible GPU ids without initialising CUDA in this process when there are none."""
-    if not any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd")):
-        return []
-    try:
-        import torch
-
-        count = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - a broken driver means: schedule on CPU
-        return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("HIP_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(count)]
-    return ids[:count]
-
-
-def device_slots(workers: int, devices_per_config: int, gpu_ids: Sequence[str] | None = None,
-                 cores: int | None = None) -> list[dict[str, str]]:
-    """The environment of each slot: disjoint GPUs, or an equal share of the CPU cores."""
-    if workers < 1:
-        from ...core.errors import BadInputError
-
-        raise BadInputError("--workers must be at least 1")
-    gpu_ids = _gpu_ids() if gpu_ids is None else list(gpu_ids)
-    if gpu_ids:
-        # A configuration wanting more GPUs than the node has gets all of them; its notebook
-        # then records what it cannot run as skipped (one config must not refuse a whole sweep).
-        devices_per_config = min(devices_per_config, len(gpu_ids))
-        n = min(workers, len(gpu_ids) // devices_per_config)
-        slots = []
-        for i in range(n):
-            ids = ",".join(gpu_ids[i * devices_per_config:(i + 1) * devices_per_config])
-            slots.append({"CUDA_VISIBLE_DEVICES": ids, "HIP_VISIBLE_DEVICES": ids, "PERFKIT_SLOT": f"gpu:{ids}"})
-        return slots
-    cores = cores or len(affinity_cpus())
-    threads = max(1, cores // workers)
-    return [{**thread_env(threads), "PERFKIT_SLOT": f"cpu:{i}/{workers}x{threads}"} for i in range(workers)]
 
 
 class OomEdges:
@@ -179,10 +146,12 @@ def config_paths(c: Config, out_dir: Path) -> tuple[Path, Path]:
 def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger | None = None,
             edges: OomEdges | None = None, env: dict[str, str] | None = None,
             take_kernel: Callable[[Config], WarmKernel] | None = None,
-            interrupted: Callable[[], bool] = lambda: False) -> Outcome | None:
+            interrupted: Callable[[], bool] = lambda: False,
+            on_release: Callable[[], None] | None = None) -> Outcome | None:
     """One attempt of one configuration, ledger entries included — what every executor runs
     (a local slot, a Slurm array task). Returns None when ``interrupted`` before it started.
-    ``env``: the slot's environment; the configuration's variant adds its own over it."""
+    ``env``: the slot's environment; the configuration's variant adds its own over it;
+    ``on_release``: called when its measuring ended and its ``view`` cells begin."""
     ledger = ledger or Ledger(out_dir)
     output_nb, results_path = config_paths(c, out_dir)
     results_path.unlink(missing_ok=True)  # rows of an unfinished earlier attempt
@@ -214,13 +183,16 @@ def run_one(c: Config, out_dir: Path, *, attempt: int, slot: str, ledger: Ledger
             outcome = execute_config(c.notebook, c.params, config_id=c.config_id, output_notebook=output_nb,
                                      results_path=results_path, timeout_s=c.timeout_s,
                                      env=kernel_env(env, c.variant), kernel=kernel,
-                                     python=c.variant.python if c.variant else None, row_columns=c.row_columns)
+                                     python=c.variant.python if c.variant else None, row_columns=c.row_columns,
+                                     on_release=on_release)
         if interrupted() and outcome.status != st.OK:
             outcome = Outcome(**{**outcome.__dict__, "status": st.KILLED, "error_name": "Interrupted",
                                  "message": "the sweep was interrupted; it runs again on resume"})
     ledger.append(LedgerEntry(**{**entry.__dict__, "status": outcome.status, "end": time.time(),
                                  "duration_s": outcome.duration_s, "error_name": outcome.error_name,
-                                 "message": outcome.message, "cell": outcome.cell}))
+                                 "message": outcome.message, "cell": outcome.cell,
+                                 "window_start": outcome.window_start_unix_s,
+                                 "window_end": outcome.window_end_unix_s}))
     return outcome
 
 
@@ -250,54 +222,6 @@ def _engine_failure(c: Config, out_dir: Path, attempt: int, slot: str, ledger: L
     return outcome
 
 
-class _Slot:
-    """One device slot: runs configurations one after another, warming the next kernel."""
-
-    def __init__(self, name: str, env: dict[str, str], preload: Sequence[str]):
-        self.name = name
-        self.env = env
-        self.preload = tuple(preload)
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"warm-{name}")
-        self._next: cf.Future | None = None
-        self._next_key: tuple | None = None
-        self.current: WarmKernel | None = None
-
-    def _start(self, variant: Variant | None, background: bool = False) -> WarmKernel:
-        return WarmKernel(env=kernel_env(self.env, variant), preload=self.preload, background=background,
-                          python=variant.python if variant else None)
-
-    def warm(self, variant: Variant | None = None) -> None:
-        """Start the next kernel (for a configuration of ``variant``) in the background."""
-        if self._next is None:
-            self._next_key = variant.kernel_key if variant else None
-            self._next = self._pool.submit(self._start, variant, True)
-
-    @property
-    def warmed(self) -> bool:  # a kernel is starting or started for this slot's next configuration
-        return self._next is not None
-
-    def take(self, variant: Variant | None = None) -> WarmKernel:
-        """A kernel for a configuration of ``variant``: the warmed one if it is of that variant's
-        interpreter and environment, else a new one started now, in the foreground."""
-        key = variant.kernel_key if variant else None
-        if self._next is None:  # not warmed ahead (prestart off): start one now, in the foreground
-            return self._start(variant)
-        future, self._next = self._next, None
-        kernel = future.result()
-        if self._next_key != key or not kernel.foreground():  # never measure at idle priority
-            kernel.shutdown()
-            kernel = self._start(variant)
-        return kernel
-
-    def close(self) -> None:
-        if self._next is not None:
-            try:
-                self._next.result().shutdown()
-            except Exception:  # noqa: BLE001 - a kernel that failed to start has nothing to close
-                pass
-        self._pool.shutdown(wait=False)
-
-
 def run_configs(
     configs: Sequence[Config],
     out_dir: str | Path,
@@ -308,13 +232,16 @@ def run_configs(
     on_outcome: Callable[[Outcome], None] | None = None,
     slots_env: Sequence[dict[str, str]] | None = None,
     prestart: bool | None = None,
+    overlap: bool | None = None,
 ) -> SweepResult:
     """Run what the ledger says is not done, ``workers`` at a time; see the module docstring.
 
     ``prestart``: start each slot's next kernel while its current configuration runs. None (the
     default) does so on GPU slots only: there the measurement runs on the device, while on a CPU
     slot a kernel starting up beside a measurement perturbs it even at idle priority (seen here:
-    2-thread OpenMP matmuls 2-100x slower). False starts each kernel when its configuration is due."""
+    2-thread OpenMP matmuls 2-100x slower). False starts each kernel when its configuration is due.
+    ``overlap``: hand a slot to its next configuration when the current one reaches its ``view``
+    cells; None (the default) does so on GPU slots only, for the same reason."""
     out_dir = Path(out_dir).resolve()
     t0 = time.monotonic()
     with SweepLock(out_dir):
@@ -330,61 +257,104 @@ def run_configs(
             return result
         devices = max(c.devices for c in todo)
         envs = list(slots_env) if slots_env is not None else device_slots(workers, devices)
-        if prestart is None:
-            prestart = all(env.get("PERFKIT_SLOT", "").startswith("gpu:") for env in envs)
-        preload = tuple(dict.fromkeys(s for nb in {c.notebook for c in todo} for s in read_notebook(nb).imports))
+        on_gpus = all(is_gpu_slot(env) for env in envs)
+        prestart = on_gpus if prestart is None else prestart
+        overlap = on_gpus if overlap is None else overlap
+        specs = {nb: read_notebook(nb) for nb in {c.notebook for c in todo}}
+        preload = tuple(dict.fromkeys(s for spec in specs.values() for s in spec.imports))
+
+        def statement(c: Config) -> str | None:
+            return warm_statement(specs[c.notebook], c.params)
+
         pending: queue.Queue[Config] = queue.Queue()
         for c in todo:
             pending.put(c)
         edges = OomEdges()
         lock = threading.Lock()
         stop = threading.Event()
-        slots = [_Slot(env["PERFKIT_SLOT"], env, preload) for env in envs[:max(1, min(len(envs), len(todo)))]]
+        slots = [Slot(env["PERFKIT_SLOT"], env, preload) for env in envs[:max(1, min(len(envs), len(todo)))]]
+        # Configurations of one slot still in their view cells while it measures the next: each
+        # is a kernel on the host's cores (and, on a GPU, a context), so a few per slot at most.
+        viewing_per_slot = max(1, min(4, len(affinity_cpus()) // (2 * len(slots))))
+        windows: list[tuple[str, float | None, float | None]] = []
         if prestart:
             for slot, c in zip(slots, todo):
-                slot.warm(c.variant)
+                slot.warm(c.variant, statement(c))
 
         warming = threading.Lock()
 
-        def take_kernel(slot: _Slot, c: Config) -> WarmKernel:
+        def take_kernel(slot: Slot, c: Config, taken: list[WarmKernel]) -> WarmKernel:
             kernel = slot.take(c.variant)
-            slot.current = kernel
+            slot.hold(kernel)
+            taken.append(kernel)
             if prestart:
                 with warming:
-                    _warm_next(slot, slots, pending)
+                    warm_next(slot, slots, pending, statement)
             return kernel
 
-        def work(slot: _Slot) -> None:
-            while not stop.is_set():
+        def one(slot: Slot, c: Config, on_release: Callable[[], None] | None) -> bool:
+            """Run ``c`` to its end on ``slot``; False when the sweep was interrupted before it began."""
+            attempt = attempts.get(c.config_id, 0) + 1
+            taken: list[WarmKernel] = []
+            try:
+                outcome = run_one(c, out_dir, attempt=attempt, slot=slot.name, ledger=ledger, edges=edges,
+                                  take_kernel=lambda c: take_kernel(slot, c, taken), interrupted=stop.is_set,
+                                  on_release=on_release)
+            except Exception as exc:  # noqa: BLE001 - the engine's own error: this config fails, the slot goes on
                 try:
-                    c = pending.get_nowait()
-                except queue.Empty:
-                    return
-                attempt = attempts.get(c.config_id, 0) + 1
-                try:
-                    outcome = run_one(c, out_dir, attempt=attempt, slot=slot.name, ledger=ledger, edges=edges,
-                                      take_kernel=lambda c: take_kernel(slot, c), interrupted=stop.is_set)
-                except Exception as exc:  # noqa: BLE001 - the engine's own error: this config fails, the slot goes on
+                    outcome = _engine_failure(c, out_dir, attempt, slot.name, ledger, exc)
+                except Exception as again:  # noqa: BLE001 - nothing can be written (disk full?)
+                    print(f"perfkit: {c.config_id} has no ending: {exc}; then {again}", file=sys.stderr)
+                    return True  # it counts as not ended: the exit code is 1
+            finally:
+                for kernel in taken:
+                    slot.drop(kernel)
+            if outcome is None:
+                return False
+            if outcome.status == st.OOM:
+                edges.add(c)
+            with lock:
+                result.outcomes.append(outcome)
+                windows.append((slot.name, outcome.window_start_unix_s, outcome.window_end_unix_s))
+            if on_outcome:
+                on_outcome(outcome)
+            return True
+
+        def work(slot: Slot) -> None:
+            viewing: list[threading.Thread] = []
+            try:
+                while not stop.is_set():
                     try:
-                        outcome = _engine_failure(c, out_dir, attempt, slot.name, ledger, exc)
-                    except Exception as again:  # noqa: BLE001 - nothing can be written (disk full?)
-                        print(f"perfkit: {c.config_id} has no ending: {exc}; then {again}", file=sys.stderr)
-                        continue  # it counts as not ended: the exit code is 1
-                slot.current = None
-                if outcome is None:
-                    return
-                if outcome.status == st.OOM:
-                    edges.add(c)
-                with lock:
-                    result.outcomes.append(outcome)
-                if on_outcome:
-                    on_outcome(outcome)
+                        c = pending.get_nowait()
+                    except queue.Empty:
+                        return
+                    if not overlap:
+                        if not one(slot, c, None):
+                            return
+                        continue
+                    released = threading.Event()
+
+                    def body(c=c, released=released) -> None:
+                        try:
+                            one(slot, c, released.set)
+                        finally:
+                            released.set()
+
+                    thread = threading.Thread(target=body, name=f"config-{c.config_id}", daemon=True)
+                    thread.start()
+                    released.wait()
+                    viewing = [t for t in viewing + [thread] if t.is_alive()]
+                    while len(viewing) > viewing_per_slot:
+                        viewing.pop(0).join()
+            finally:
+                for t in viewing:
+                    t.join()
 
         # Completion is tracked with events, not Thread.is_alive(): a KeyboardInterrupt landing in
         # Thread.join() can leave a running thread reported as stopped (CPython bpo-45274).
         done = [threading.Event() for _ in slots]
 
-        def run_slot(slot: _Slot, finished: threading.Event) -> None:
+        def run_slot(slot: Slot, finished: threading.Event) -> None:
             try:
                 work(slot)
             finally:
@@ -404,8 +374,7 @@ def run_configs(
             deadline = time.monotonic() + 30
             while not all(d.is_set() for d in done) and time.monotonic() < deadline:
                 for slot in slots:  # again each round: a slot may have just taken a kernel
-                    if slot.current is not None:
-                        slot.current.kill()
+                    slot.kill_active()
                 time.sleep(0.1)
             raise
         finally:
@@ -413,23 +382,9 @@ def run_configs(
             for slot in slots:
                 slot.close()
         result.wall_time_s = time.monotonic() - t0
+        result.busy = busy_share(windows, result.wall_time_s, overlap)
+        append_summary(out_dir, result.busy)
         return result
-
-
-def _warm_next(slot: _Slot, slots: Sequence[_Slot], pending: queue.Queue) -> None:
-    """Warm ``slot``'s next kernel for the first waiting configuration no other slot warmed one
-    for: never more kernels warm than configurations wait. (A slot done first may still take a
-    configuration another warmed for: work is not held back for a kernel's sake.)"""
-    upcoming = _peek(pending, sum(s.warmed for s in slots if s is not slot))
-    if upcoming is not None:
-        slot.warm(upcoming.variant)
-
-
-def _peek(pending: queue.Queue, skip: int = 0) -> Config | None:
-    """The configuration a slot will most likely take next, past the ``skip`` that slots already
-    warmed a kernel for (another slot may take it first); None when there is none."""
-    with pending.mutex:
-        return pending.queue[skip] if len(pending.queue) > skip else None
 
 
 def raise_on_sigterm():

@@ -24,18 +24,19 @@ EXECUTORS = ("local", "slurm", "ray")
 class Executor:
     """``kind`` (one of :data:`EXECUTORS`) with its settings: ``options`` are the Slurm or Ray
     driver's keyword arguments (``slurm_options``/``ray_options`` of :mod:`.cli` read them from the
-    flags); ``workers`` and ``prestart`` are the local executor's."""
+    flags); ``workers``, ``prestart`` and ``overlap`` are the local executor's."""
 
     kind: str = "local"
     options: Mapping[str, object] = field(default_factory=dict)
     workers: int = 1
     prestart: bool | None = None
+    overlap: bool | None = None
 
     def __post_init__(self):
         if self.kind not in EXECUTORS:
             raise ValueError(f"executor {self.kind!r}: one of {', '.join(EXECUTORS)}")
         if self.kind == "local" and self.options:
-            raise ValueError(f"the local executor takes no {', '.join(self.options)} (workers and prestart only)")
+            raise ValueError(f"the local executor takes no {', '.join(self.options)} (workers, prestart and overlap only)")
 
     def run(self, spec: SweepSpec, out: str | Path, *, configs: list[Config] | None = None,
             retry_failed: bool = False, progress: bool | None = None) -> SweepResult:
@@ -46,7 +47,8 @@ class Executor:
             from . import run_sweep
 
             return run_sweep(spec, out, workers=self.workers, retry_failed=retry_failed, progress=progress,
-                             prestart=self.prestart, configs=configs)
+                             prestart=self.prestart, overlap=self.overlap,
+                             configs=configs)
         shown = True if progress is None else progress
         configs = expand(spec) if configs is None else configs
         if self.kind == "slurm":

@@ -66,6 +66,11 @@ class LedgerEntry:
     """The A/B variant it ran under (None outside A/B sweeps)."""
     round: int | None = None
     """The interleaved round of an A/B sweep (or of a sweep with ``rounds``)."""
+    window_start: float | None = None
+    """When the configuration began measuring, Unix time, seconds (its rows'
+    ``measure_window_start_unix_s``); None when no cell of it ran."""
+    window_end: float | None = None
+    """When it handed its device on: before its first ``view`` cell, else at its notebook's end."""
     written_at: float | None = None
     """Unix time the event was appended (set by :meth:`Ledger.append`); orders writers' files."""
 
