@@ -322,3 +322,16 @@ def test_a_two_expert_top1_mixture_counts_its_grouped_gemms_by_hand():
     assert sorted(grouped["flop"].astype(int)) == [384, 384, 384]
     assert set(grouped["family"]) == {"matmul"}
     assert not coverage(rows).uncounted  # the routing ops of a real MoE are known too (test_user_models)
+
+
+def test_a_grouped_gemm_reads_the_matrices_of_the_experts_that_have_tokens_only():
+    # Issue 46: a mixture of experts' decode step at batch 1 reads its top-k experts, not all of
+    # them. Three tokens, four experts of 4x8 (fp32), offs [2, 2, 3, 3]: experts 0 (2 tokens) and
+    # 2 (1 token) have tokens, 1 and 3 none.
+    tokens = torch.randn(3, 4)
+    experts = torch.randn(4, 4, 8)
+    offs = torch.tensor([2, 2, 3, 3], dtype=torch.int32)
+    rows = count_ops(lambda: torch._grouped_mm(tokens, experts, offs=offs))
+    (row,) = rows[rows["op"].str.contains("grouped_mm")].to_dict("records")
+    # Read: the tokens (3·4·4 B), offs (4·4 B) and two experts' matrices (2·4·8·4 B); written: 3x8 fp32.
+    assert row["bytes_read"] == 48 + 16 + 256 and row["bytes_written"] == 96

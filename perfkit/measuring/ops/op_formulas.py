@@ -219,8 +219,25 @@ def op_rule(func, args, kwargs, out) -> tuple[str, int, tuple[float, float] | No
     if base in ("mse_loss", "mse_loss_backward"):
         return "loss", 3 * args[0].numel(), None
     if base in ("_grouped_mm", "_scaled_grouped_mm"):
-        return "matmul", _grouped_mm_flop(args[0], args[1]), None
+        return "matmul", _grouped_mm_flop(args[0], args[1]), _grouped_mm_bytes(args, kwargs, out)
     return None
+
+
+def _grouped_mm_bytes(args, kwargs, out) -> tuple[float, float] | None:
+    """Tokens (T, K) by experts (G, K, N) reads the matrices of the groups that have tokens only: a
+    mixture of experts' decode step at batch 1 reads its top-k experts, not all G. The groups come
+    from ``offs`` (each group's end row); without its values (fake or meta tensors), the generic rule."""
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    if a.dim() != 2 or b.dim() != 3 or not isinstance(offs, torch.Tensor):
+        return None
+    try:
+        ends = [int(v) for v in offs.tolist()]
+    except Exception:  # noqa: BLE001 - a fake or meta tensor has shapes, not values
+        return None
+    used = sum(1 for lo, hi in zip([0, *ends], ends) if hi > lo)
+    read = distinct_bytes([a, offs]) + used * math.prod(b.shape[1:]) * b.element_size()
+    return float(read), distinct_bytes(tensors_in(out))
 
 
 def _grouped_mm_flop(a: torch.Tensor, b: torch.Tensor) -> int:

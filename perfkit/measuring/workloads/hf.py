@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from perfkit.core.errors import BadInputError
+from perfkit.measuring.workloads import hf_tasks
 from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, image_task, non_embedding_params,
                                               seed_generator_batch)
 from perfkit.measuring.workloads.workload import Workload, constructing_on
@@ -68,10 +69,13 @@ def _config_class(model_type: str):
 
 @functools.lru_cache(maxsize=None)
 def task_of(model_type: str) -> str:
-    """``causal-lm``, ``masked-lm`` or ``image-classification``: which auto class builds it."""
+    """``causal-lm``, ``masked-lm``, ``image-classification`` or one of :data:`hf_tasks.TASKS`
+    (encoder–decoders, audio): which auto class builds it."""
     _config_class(model_type)
     from transformers.models.auto import modeling_auto as auto
 
+    if task := hf_tasks.task_from_mappings(model_type, auto):
+        return task
     masked, causal = auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if model_type in causal and model_type not in masked:
         return "causal-lm"
@@ -79,8 +83,9 @@ def task_of(model_type: str) -> str:
         return "masked-lm"
     if model_type in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
         return "image-classification"
-    raise BadInputError(f"hf:{model_type}: perfkit trains causal LMs, masked LMs and image "
-                        f"classifiers; transformers has none of these for {model_type!r}")
+    raise BadInputError(f"hf:{model_type}: perfkit trains causal and masked LMs, encoder-decoder LMs, whisper, "
+                        f"CTC speech models, AST and image classifiers; transformers has none of these for "
+                        f"{model_type!r}")
 
 
 def _known_keys(model_type: str) -> set[str]:
@@ -92,8 +97,8 @@ def hf_config(spec: UserModelSpec):
     """The model's config from ``model_size`` (unknown keys refused, with the close ones)."""
     model_type, sizes = spec.target, spec.sizes
     task = task_of(model_type)
-    own = {k: sizes.pop(k) for k in _VISION_OWN if k in sizes and task == "image-classification"
-           and k not in _config_class(model_type)().to_dict()}
+    own_keys = {"image-classification": _VISION_OWN, "ctc": hf_tasks.AUDIO_OWN}.get(task, ())
+    own = {k: sizes.pop(k) for k in own_keys if k in sizes and k not in _config_class(model_type)().to_dict()}
     known = _known_keys(model_type)
     if unknown := sorted(set(sizes) - known):
         close = {k: difflib.get_close_matches(k, sorted(known), n=3) for k in unknown}
@@ -105,8 +110,9 @@ def hf_config(spec: UserModelSpec):
         said = " ".join(str(error).split())[:300]
         raise BadInputError(f"hf:{model_type}: transformers refuses this model_size: {type(error).__name__}: "
                             f"{said}") from None
-    own["config_note"] = _special_ids_within(config, model_type, sizes)
-    if task != "image-classification" and spec.seq_len is not None:
+    notes = [_special_ids_within(config, model_type, sizes), hf_tasks.prepare_config(task, config, sizes)]
+    own["config_note"] = "; ".join(n for n in notes if n) or None
+    if task in ("causal-lm", "masked-lm", "seq2seq-lm") and spec.seq_len is not None:
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and spec.seq_len > limit:
             raise BadInputError(f"hf:{model_type}: seq_len {spec.seq_len} > the config's "
@@ -136,8 +142,12 @@ def _special_ids_within(config, model_type: str, sizes: dict) -> str | None:
         if name in sizes:
             raise BadInputError(f"hf:{model_type}: {name} {value} is past vocab_size {vocab}: ids are 0..{vocab - 1}")
         kept = [i for i in ids if not (isinstance(i, int) and i >= vocab)]
-        setattr(config, name, (kept or None) if isinstance(value, list) else None)
-        cleared.append(f"{name} {value}")
+        try:
+            setattr(config, name, (kept or None) if isinstance(value, list) else None)
+            cleared.append(f"{name} {value}")
+        except Exception:  # noqa: BLE001 - a field that must hold an id (whisper's decoder_start_token_id)
+            setattr(config, name, vocab - 1)
+            cleared.append(f"{name} {value} (now {vocab - 1}, the last id: the field needs one)")
     return (f"cleared {', '.join(cleared)}: past vocab_size {vocab} (the model_size's), so no such token "
             "exists; the synthetic batches use none of them") if cleared else None
 
@@ -275,13 +285,20 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
     config, own = hf_config(spec)
     task = task_of(spec.target)
     auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM,
-            "image-classification": transformers.AutoModelForImageClassification}[task]
+            "image-classification": transformers.AutoModelForImageClassification,
+            "seq2seq-lm": transformers.AutoModelForSeq2SeqLM, "speech-seq2seq": transformers.AutoModelForSpeechSeq2Seq,
+            "ctc": transformers.AutoModelForCTC, "audio-classification": transformers.AutoModelForAudioClassification,
+            }[task]
     with torch.random.fork_rng(devices=[]), constructing_on(device):
         torch.manual_seed(spec.seed)
         model = auto.from_config(config)
     blocks = find_blocks(model)
     n_params = sum(p.numel() for p in model.parameters())
-    if task == "image-classification":
+    loss_fn, convention = _logits_loss, TEXT_FLOP_CONVENTION
+    if task in hf_tasks.TASKS:
+        batch, loss_fn, flop, reason, convention, tokens = hf_tasks.task_parts(task, model, config, own, spec.seq_len,
+                                                                                spec.seed)
+    elif task == "image-classification":
         image_size = own.get("image_size", getattr(config, "image_size", 224))
         image_size = image_size if isinstance(image_size, int) else image_size[0]
         batch = image_task(getattr(config, "num_channels", 3), image_size, config.num_labels, spec.seed)
@@ -293,10 +310,10 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
         flop, reason, tokens = _text_flop(model, config, spec.seq_len), None, spec.seq_len
     split = _stage_split(model) if task == "causal-lm" else None
     return Workload(
-        spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=_logits_loss,
+        spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=loss_fn,
         n_params=n_params, n_params_non_embedding=non_embedding_params(model),
         flop_per_sample=flop, flop_reason=reason,
-        flop_convention=TEXT_FLOP_CONVENTION if reason is None else None,
+        flop_convention=convention if reason is None else None,
         tokens_per_sample=tokens, block_names=blocks, tp_plan=_tp_plan(model, blocks), family="hf",
         config_note=own.get("config_note"),
         stem_names=split[0] if split else (), head_names=split[1] if split else (),

@@ -221,9 +221,11 @@ def find_blocks(model: nn.Module) -> tuple[str, ...]:
 
 def non_embedding_params(model: nn.Module) -> int:
     """Parameters outside the ``nn.Embedding`` tables (token, position, segment embeddings)."""
-    embedding = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
-                    for p in m.parameters(recurse=False))
-    return sum(p.numel() for p in model.parameters()) - embedding
+    # Each table once: an encoder-decoder's token embedding is one weight under several modules (t5's
+    # shared, encoder.embed_tokens and decoder.embed_tokens), as model.parameters() lists it once.
+    embedding = {id(p): p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
+                 for p in m.parameters(recurse=False)}
+    return sum(p.numel() for p in model.parameters()) - sum(embedding.values())
 
 
 def image_task(channels: int, image_size: int, n_classes: int, seed: int) -> Callable[[int, int], tuple]:

@@ -1,0 +1,123 @@
+"""Encoder–decoder and audio families of Hugging Face transformers, built from their configs with
+random weights: t5, bart (seq2seq LM), whisper (log-mel features in, tokens out), wav2vec2 and
+hubert (CTC on waveforms), the audio spectrogram transformer (AST); their batches, losses, FLOP,
+and training on 2 gloo ranks as in one process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from perfkit.core.errors import BadInputError
+from perfkit.measuring.training.config import TrainConfig
+from perfkit.measuring.training.step import train_step_benchmark
+from perfkit.measuring.workloads import catalog
+
+transformers = pytest.importorskip("transformers", reason="perfkit[hf] (transformers) is not installed")
+
+ATTN = {"encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128}
+SIZES = {
+    "hf:t5": {"d_model": 64, "d_kv": 16, "num_heads": 4, "num_layers": 2, "num_decoder_layers": 2, "d_ff": 128,
+              "vocab_size": 512},
+    "hf:bart": {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, **ATTN, "vocab_size": 512,
+                "max_position_embeddings": 64},
+    "hf:whisper": {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, **ATTN, "vocab_size": 512,
+                   "max_source_positions": 32, "max_target_positions": 64, "num_mel_bins": 16},
+    "hf:wav2vec2": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+                    "vocab_size": 32, "conv_dim": [32, 32, 32], "conv_kernel": [10, 3, 3], "conv_stride": [5, 2, 2],
+                    "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4, "audio_samples": 4000},
+    "hf:audio-spectrogram-transformer": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                         "intermediate_size": 128, "max_length": 128, "num_mel_bins": 32},
+}
+SIZES["hf:hubert"] = SIZES["hf:wav2vec2"]
+RTOL = 1e-4
+#: Dropout off where losses are compared across world sizes: its masks are drawn per rank.
+NO_DROPOUT = {"hf:t5": {"dropout_rate": 0.0}, "hf:bart": {"dropout": 0.0}, "hf:whisper": {"dropout": 0.0},
+              "hf:wav2vec2": {k: 0.0 for k in ("hidden_dropout", "activation_dropout", "attention_dropout",
+                                               "feat_proj_dropout", "final_dropout")}}
+
+
+def _cfg(model: str, dropout: bool = True, **kw) -> TrainConfig:
+    size = SIZES[model] if dropout else {**SIZES[model], **NO_DROPOUT[model]}
+    return TrainConfig(**{"model": model, "model_size": size, "batch_size": 4, "seq_len": 16, "steps": 3,
+                          "device": "cpu", **kw})
+
+
+@pytest.mark.parametrize("model, task", [("hf:t5", "seq2seq-lm"), ("hf:bart", "seq2seq-lm"),
+                                         ("hf:whisper", "speech-seq2seq"), ("hf:wav2vec2", "ctc"), ("hf:hubert", "ctc"),
+                                         ("hf:audio-spectrogram-transformer", "audio-classification")])
+def test_each_family_is_built_as_the_task_it_is(model, task):
+    from perfkit.measuring.workloads.hf import task_of
+
+    assert task_of(model[3:]) == task
+    work = catalog.build(catalog.make(model, SIZES[model], seq_len=16), device="meta")
+    assert work.block_names, "its layers are found (FSDP units, activation checkpointing)"
+
+
+def test_whisper_is_the_encoder_decoder_and_its_encoder_layers_are_in_its_parameters():
+    small = catalog.build(catalog.make("hf:whisper", SIZES["hf:whisper"], seq_len=16), device="meta")
+    deep = catalog.build(catalog.make("hf:whisper", {**SIZES["hf:whisper"], "encoder_layers": 6}, seq_len=16),
+                         device="meta")
+    assert type(small.model).__name__ == "WhisperForConditionalGeneration"
+    per_layer = (deep.n_params - small.n_params) / 4
+    assert per_layer == 4 * 64 * 64 + 3 * 64 + 2 * 64 * 128 + 128 + 64 + 2 * 2 * 64  # attention, MLP, 2 norms
+    assert deep.flop_per_sample > small.flop_per_sample
+    inputs, targets = small.make_batch(2, seed=0)
+    assert tuple(inputs["input_features"].shape) == (2, 16, 64) and tuple(targets.shape) == (2, 16)
+    assert (inputs["decoder_input_ids"][:, 1:] == targets[:, :-1]).all()  # teacher forcing
+
+
+def test_a_ctc_model_keeps_the_same_work_on_every_step_and_says_what_it_turned_off():
+    work = catalog.build(catalog.make("hf:wav2vec2", SIZES["hf:wav2vec2"], seq_len=16), device="cpu")
+    assert work.model.config.mask_time_prob == 0.0 and work.model.config.layerdrop == 0.0
+    assert "mask_time_prob 0.05 -> 0.0" in work.config_note and "layerdrop 0.1 -> 0.0" in work.config_note
+    assert math.isnan(work.flop_per_sample) and "convolutional feature encoder" in work.flop_reason
+    inputs, labels = work.make_batch(3, seed=1)
+    assert tuple(inputs["input_values"].shape) == (3, 4000)
+    assert (labels != work.model.config.pad_token_id).all()  # no target is the blank
+    kept = catalog.build(catalog.make("hf:wav2vec2", {**SIZES["hf:wav2vec2"], "layerdrop": 0.2}, seq_len=16),
+                         device="meta")
+    assert kept.model.config.layerdrop == 0.2
+
+
+def test_too_few_audio_samples_and_a_target_past_the_decoder_are_one_line():
+    with pytest.raises(BadInputError, match="make 0 frame"):
+        catalog.build(catalog.make("hf:wav2vec2", {**SIZES["hf:wav2vec2"], "audio_samples": 10}, seq_len=16),
+                      device="meta")
+    with pytest.raises(BadInputError, match="seq_len 128 > the config's max_target_positions 64"):
+        catalog.build(catalog.make("hf:whisper", SIZES["hf:whisper"], seq_len=128), device="meta")
+
+
+@pytest.mark.slow  # five real transformers models stepped
+@pytest.mark.parametrize("model", ["hf:t5", "hf:bart", "hf:whisper", "hf:audio-spectrogram-transformer"])
+def test_counted_flop_are_within_10_percent_of_the_stated_analytic(model):
+    row = train_step_benchmark(_cfg(model))
+    assert row["status"] == "ok", row["error"]
+    assert row["uncounted_ops"] == "" and row["counted_flop_reason"] is None
+    assert row["step_counted_flop"] == pytest.approx(row["step_model_flop"], rel=0.10)
+    assert row["mfu_convention"] and not math.isnan(row["mfu"])
+
+
+@pytest.fixture(scope="module")
+def two_rank_rows():
+    from _training_targets import run_training_shared
+
+    models = ("hf:t5", "hf:bart", "hf:whisper", "hf:wav2vec2")
+    out = {f"{m}-none": train_step_benchmark(_cfg(m, dropout=False)) for m in models}
+    runs = [(m, p) for m in models for p in ("ddp", "zero3")]
+    out.update(zip((f"{m}-{p}" for m, p in runs),
+                   run_training_shared([_cfg(m, False, parallelism=p, world_size=2) for m, p in runs], 600)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["hf:t5", "hf:bart", "hf:whisper", "hf:wav2vec2"])
+@pytest.mark.parametrize("parallelism", ["ddp", "zero3"])
+def test_encoder_decoder_and_audio_models_train_on_two_gloo_ranks_as_in_one_process(two_rank_rows, model,
+                                                                                    parallelism):
+    row, ref = two_rank_rows[f"{model}-{parallelism}"], two_rank_rows[f"{model}-none"]
+    assert row["status"] == "ok", row["error"]
+    assert row["losses"] == pytest.approx(ref["losses"], rel=RTOL)
+    if parallelism == "zero3":
+        assert row["param_bytes"] < ref["param_bytes"] * 0.7
