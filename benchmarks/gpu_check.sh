@@ -195,11 +195,16 @@ for s in "${STEPS[@]}"; do
   esac
 done
 
+# The sweep's device-busy share rides on its own line of the summary (one line per step).
+busy="$(grep -h '^BUSY: ' "$LOG" | tail -n 1 | cut -c7-)"
+if [ -n "$busy" ]; then
+  RESULT[sweep]="${RESULT[sweep]}; $busy (H200 before: under 30 s of GPU work in 235 s of wall, <= 0.13)"
+elif [ "$HAS_GPU" = 1 ]; then
+  RESULT[sweep]="${RESULT[sweep]}; device busy: not measured (no closing line from perfkit sweep)"
+fi
 {
   echo "gpu_check summary ($(( $(date +%s) - start_all )) s, outputs in $DEST)"
   for s in "${STEPS[@]}"; do printf '  %-11s %s\n' "$s" "${RESULT[$s]}"; done
-  busy="$(grep -h '^BUSY: ' "$LOG" | tail -n 1 | cut -c7-)"
-  echo "sweep's ${busy:-device busy: not measured (the sweep step did not run)} (H200 before: under 30 s of GPU work in 235 s of wall, <= 0.13)"
   echo "wheels: $WHEEL_NOTE; $DEPS_NOTE"
 } | tee "$DEST/summary.txt"
 [ $failed = 0 ]

@@ -53,6 +53,51 @@ def recommender(n_dense: int = 16, n_ids: int = 32, width: int = 32, depth: int 
             "blocks": list(model.layers), "flop_per_sample": 6 * matmul}
 
 
+class BagRecommender(nn.Module):
+    """A DLRM-style recommender: dense features, and a bag of categorical ids per sample in the
+    standard ``nn.EmbeddingBag`` layout: one flat ``indices`` tensor and the ``offsets`` where each
+    sample's bag starts (so ``indices`` is not split along dim 0 by sample)."""
+
+    def __init__(self, n_dense: int, n_ids: int, width: int, depth: int):
+        super().__init__()
+        self.bags = nn.EmbeddingBag(n_ids, width, mode="sum")
+        self.dense = nn.Linear(n_dense, width)
+        self.layers = nn.ModuleList(_Residual(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, dense, indices, offsets):
+        x = self.dense(dense) + self.bags(indices, offsets)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).squeeze(-1)
+
+
+def bag_recommender(n_dense: int = 8, n_ids: int = 64, width: int = 16, depth: int = 2, max_bag: int = 5,
+                    seed: int = 0, split: bool = True):
+    """Bags of 1..max_bag ids per sample; ``split``: give the contract's split_batch (False: the
+    rows-on-dim-0 default, which cannot split the flat indices)."""
+    def make_batch(batch_size: int, seed_: int):
+        # Tensors made here, not when the entry point runs: the pre-run check builds the model on
+        # the meta device and can then still draw a batch and check how it splits.
+        teacher = torch.randn(n_dense, generator=torch.Generator().manual_seed(seed + 11))
+        gen = torch.Generator().manual_seed(seed_)
+        dense = torch.randn(batch_size, n_dense, generator=gen)
+        lengths = torch.randint(1, max_bag + 1, (batch_size,), generator=gen)
+        indices = torch.randint(0, n_ids, (int(lengths.sum()),), generator=gen)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+        return (dense, indices, offsets), dense @ teacher + lengths.float()
+
+    def split_batch(batch, lo: int, hi: int):
+        (dense, indices, offsets), target = batch
+        start = int(offsets[lo])
+        end = int(offsets[hi]) if hi < len(offsets) else len(indices)
+        return (dense[lo:hi], indices[start:end], offsets[lo:hi] - start), target[lo:hi]
+
+    model = BagRecommender(n_dense, n_ids, width, depth)
+    return {"model": model, "make_batch": make_batch, "loss_fn": F.mse_loss, "blocks": list(model.layers),
+            "split_batch": split_batch if split else None}
+
+
 class _WithLoss(nn.Module):
     def __init__(self, width: int):
         super().__init__()

@@ -36,7 +36,7 @@ MODES = Path(__file__).parent / "notebooks" / "modes.ipynb"
 TRIVIAL = Path(__file__).parent / "notebooks" / "trivial.ipynb"
 NO_RECORD = Path(__file__).parent / "notebooks" / "no_record.ipynb"
 # Columns that differ between two runs of the same configuration by design.
-_VOLATILE = ("recorded_at", "env_")
+_VOLATILE = ("recorded_at", "env_", "measure_window_")  # wall-clock facts of each run
 
 
 @pytest.fixture(scope="module")

@@ -214,7 +214,8 @@ def coerce_cli_value(param: Parameter, text: str) -> object:
     """Turn a command-line string into a value of the parameter's type.
 
     A ``str`` default takes the text as it is (never evaluated); other types are read as a
-    Python literal (``ast.literal_eval``: data only, never code), with ``true``/``false``
+    Python literal (``ast.literal_eval``: data only, never code), else as JSON (``{"split":
+    false}``, ``[1, null]``: what a shell script or another tool writes), with ``true``/``false``
     accepted for booleans.
     """
     if param.literal and isinstance(param.default, str):
@@ -223,11 +224,17 @@ def coerce_cli_value(param: Parameter, text: str) -> object:
     if isinstance(param.default, bool) and lowered in {"true", "false"}:
         return lowered == "true"
     try:
-        value = ast.literal_eval(text)
+        return ast.literal_eval(text)
     except (ValueError, SyntaxError):
+        pass
+    try:
+        value = json.loads(text)
+    except ValueError:
         if not param.literal or param.default is None:
             return text  # untyped parameter: a plain string
         raise ParameterTypeError(param.name, param.type_name, text) from None
+    if not param.literal or param.default is None:
+        return value if isinstance(value, (dict, list)) else text  # a bare JSON word stays text there
     return value
 
 

@@ -205,6 +205,8 @@ class TrainConfig:
             raise BadInputError("stage_delay_s applies to parallelism 'pp' only")
         spec = workload_spec(self)  # unknown or bad size names fail here, before any work
         catalog.check(spec)  # a user's model: imports, builds (on the meta device), has what it needs
+        if isinstance(spec, UserModelSpec) and spec.family == "entry" and self.dp_size > 1:
+            catalog.meta(spec).check_split(self.batch_size, self.dp_size)  # its batch splits over the ranks
         if self.parallelism in ("tp", "fsdp_tp") and not isinstance(spec, UserModelSpec):
             _check_tp(spec, self.tp_size)
 

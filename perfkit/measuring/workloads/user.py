@@ -66,6 +66,10 @@ class UserModel:
     model is ``head(blocks(stem(x)))`` and pipeline stages split it at its blocks."""
     head: Sequence[nn.Module | str] | None = None
     """What the forward runs after the blocks, in order."""
+    split_batch: Callable[[tuple, int, int], tuple] | None = None
+    """``split_batch((inputs, targets), lo, hi) -> (inputs, targets)``: samples ``[lo, hi)`` of a
+    global batch, for data-parallel ranks; None: rows ``[lo, hi)`` of every tensor (a batch whose
+    tensors all have the samples on dim 0)."""
 
 
 class SequentialStage(nn.Module):
@@ -278,5 +282,5 @@ def build_entry(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Wo
         flop_convention="the entry point's flop_per_sample" if user.flop_per_sample is not None else None,
         tokens_per_sample=user.tokens_per_sample,
         block_names=blocks, stem_names=stem, head_names=head, stage=stage,
-        tp_plan=dict(user.tp_plan) if user.tp_plan else None, family="entry",
+        tp_plan=dict(user.tp_plan) if user.tp_plan else None, family="entry", split=user.split_batch,
         _batch=seed_generator_batch(user.make_batch))

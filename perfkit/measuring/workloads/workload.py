@@ -70,10 +70,14 @@ class Workload:
     """``stage(model, lo, hi, first=, last=, autocast=) -> nn.Module``: blocks ``[lo, hi)`` of
     ``model`` as a pipeline stage (the stem on the first, the head on the last); None: no pp."""
     family: str = "builtin"
+    """One of :data:`FAMILIES`."""
     config_note: str | None = None
     """What perfkit changed in the model's config to build it (a special token id past a shrunk
     vocabulary, cleared), for the row's ``model_config_note``; None: nothing."""
-    """One of :data:`FAMILIES`."""
+    split: Callable[[tuple, int, int], tuple] | None = field(default=None, repr=False)
+    """``split((inputs, targets), lo, hi) -> (inputs, targets)``: samples ``[lo, hi)`` of a global
+    batch (an entry point's ``split_batch``: an ``nn.EmbeddingBag``'s flat indices and offsets);
+    None: rows ``[lo, hi)`` of every tensor (:func:`slice_batch`)."""
     _batch: Callable[[int, torch.Generator], tuple] = field(repr=False)
 
     def __post_init__(self):
@@ -106,6 +110,48 @@ class Workload:
         inputs, targets = self._batch(batch_size, generator)
         to = lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)  # noqa: E731
         return map_tensors(inputs, to), map_tensors(targets, to)
+
+    def rank_slice(self, inputs, targets, lo: int, hi: int, batch_size: int | None = None) -> tuple:
+        """Samples ``[lo, hi)`` of a global batch of ``batch_size``, as copies: what one data-parallel
+        rank trains on. Without ``split``, a tensor whose dim 0 is not the batch is refused (one line)."""
+        if self.split is None:
+            if batch_size is not None and (reason := self._unsplittable(inputs, targets, batch_size, hi - lo)):
+                raise BadInputError(reason)
+            return slice_batch(inputs, lo, hi), slice_batch(targets, lo, hi)
+        part = self.split((inputs, targets), lo, hi)
+        if not (isinstance(part, (tuple, list)) and len(part) == 2):
+            raise BadInputError(f"split_batch must return (inputs, targets), got {type(part).__name__}")
+        return map_tensors(part[0], torch.Tensor.clone), map_tensors(part[1], torch.Tensor.clone)
+
+    def _unsplittable(self, inputs, targets, batch_size: int, size: int) -> str | None:
+        for name, tensor in _named_tensors({"inputs": inputs, "targets": targets}):
+            if tensor.dim() and tensor.shape[0] != batch_size:
+                return (f"{self.name}: {name} has {tensor.shape[0]} rows on dim 0, not batch_size {batch_size}, so "
+                        f"it cannot be split by rows over data-parallel ranks ({size} samples each); give the entry "
+                        "point a split_batch((inputs, targets), lo, hi) that returns samples [lo, hi)")
+        return None
+
+    def check_split(self, batch_size: int, ranks: int) -> None:
+        """Refuse (one line, before any rank starts) a batch that does not split over ``ranks``
+        data-parallel ranks: without ``split``, a tensor whose dim 0 is not the batch (an
+        ``EmbeddingBag``'s flat indices); with it, a ``split_batch`` that raises. A batch this
+        workload cannot draw (built on the meta device, its ``make_batch`` uses tensors made then)
+        is left to the ranks, which check their own (:meth:`rank_slice`)."""
+        try:
+            inputs, targets = self.make_batch(batch_size, seed=0)
+        except BadInputError:
+            raise
+        except Exception:  # noqa: BLE001 - cannot tell here; each rank checks its batch
+            return
+        size = batch_size // ranks
+        for rank in range(ranks):
+            try:
+                self.rank_slice(inputs, targets, rank * size, (rank + 1) * size, batch_size)
+            except BadInputError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the user's function: its error in one line
+                raise BadInputError(f"{self.name}: split_batch of samples [{rank * size}, {(rank + 1) * size}) "
+                                    f"of {batch_size} failed: {type(error).__name__}: {error}") from None
 
     def loss(self, output, targets) -> torch.Tensor:
         """The scalar training loss of ``output``, in fp32 whatever the compute dtype."""
@@ -146,6 +192,18 @@ def map_tensors(tree, fn: Callable[[torch.Tensor], torch.Tensor]):
     if isinstance(tree, (tuple, list)):
         return type(tree)(map_tensors(v, fn) for v in tree)
     return tree
+
+
+def _named_tensors(tree, prefix: str = ""):
+    """``(path, tensor)`` of every tensor in ``tree`` (``inputs[0]``, ``inputs['ids']``)."""
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, Mapping):
+        for k, v in tree.items():
+            yield from _named_tensors(v, f"{prefix}[{k!r}]" if prefix else str(k))
+    elif isinstance(tree, (tuple, list)):
+        for i, v in enumerate(tree):
+            yield from _named_tensors(v, f"{prefix}[{i}]")
 
 
 def slice_batch(tree, lo: int, hi: int):
