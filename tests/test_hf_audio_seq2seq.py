@@ -121,3 +121,70 @@ def test_encoder_decoder_and_audio_models_train_on_two_gloo_ranks_as_in_one_proc
     assert row["losses"] == pytest.approx(ref["losses"], rel=RTOL)
     if parallelism == "zero3":
         assert row["param_bytes"] < ref["param_bytes"] * 0.7
+
+
+# ---- inference: encoder-decoders generate through transformers' EncoderDecoderCache ----------
+
+GEN_SIZES = {"hf:t5": SIZES["hf:t5"], "hf:bart": SIZES["hf:bart"],
+             "hf:whisper": {k: v for k, v in SIZES["hf:whisper"].items() if k != "max_source_positions"}}
+
+
+def _inference(model: str, **kw):
+    from perfkit.measuring.inference.generate import InferenceConfig
+
+    return InferenceConfig(**{"model": model, "model_size": GEN_SIZES[model], "prompt_len": 32, "new_tokens": 8,
+                              "batch_size": 2, "device": "cpu", "ceilings": "none", **kw})
+
+
+@pytest.mark.parametrize("model", ["hf:t5", "hf:bart", "hf:whisper"])
+def test_the_cached_decoder_steps_give_the_logits_of_one_teacher_forced_forward(model):
+    import torch
+
+    from perfkit.measuring.inference import kv_cache as kv
+    from perfkit.measuring.inference.generate import build_model, prompt_inputs
+
+    cfg = _inference(model)
+    net = build_model(cfg, "cpu")
+    start, source = prompt_inputs(cfg, net, "cpu")
+    assert start.shape == (2, 1) and set(source) == {"input_features" if model == "hf:whisper" else "input_ids"}
+    tokens = torch.cat([start, torch.randint(0, 512, (2, 5), generator=torch.Generator().manual_seed(1))], dim=1)
+    step, cache = kv.default_step(net, True, source), kv.allocate_cache(net, 2, 6)
+    with torch.no_grad():
+        stepped = [step(tokens[:, :1], cache, 0)] + [step(tokens[:, i:i + 1], cache, i) for i in range(1, 6)]
+        whole = net(**source, decoder_input_ids=tokens).logits
+    torch.testing.assert_close(torch.stack(stepped, dim=1), whole, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["hf:t5", "hf:whisper"])
+def test_encoder_decoders_give_inference_rows_with_ttft_tpot_and_the_cross_attention_cache(model):
+    from perfkit.measuring.inference.generate import run_inference
+
+    cached, full = (run_inference(_inference(model, kv_cache=kv)) for kv in (True, False))
+    for row in (cached, full):
+        assert row["status"] == "ok", row["error"]
+        assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["uncounted_ops"] == ""
+    assert cached["tokens_digest"] == full["tokens_digest"]
+    # decoder: 2 layers x 2 sequences x (1 + 8 self + 32 encoder positions) x 4 heads x 16 dims x fp32, keys and values
+    assert cached["kv_cache_bytes"] == 2 * 2 * 2 * (1 + 8 + 32) * 4 * 16 * 4
+    assert cached["decode_flop"] < full["decode_flop"] < cached["prefill_flop"]  # the prefill runs the encoder
+    if model == "hf:whisper":
+        assert cached["model_max_source_positions"] == 32  # prompt_len positions of 64 log-mel frames
+
+
+def test_the_prefill_counts_the_encoder_and_the_decode_step_does_not():
+    from perfkit.measuring.inference.generate import run_inference
+
+    deep = {**GEN_SIZES["hf:whisper"], "encoder_layers": 4}
+    shallow, deeper = run_inference(_inference("hf:whisper")), run_inference(_inference("hf:whisper", model_size=deep))
+    assert deeper["prefill_flop"] > shallow["prefill_flop"] * 1.3
+    assert deeper["decode_flop"] == shallow["decode_flop"]
+
+
+def test_what_inference_cannot_generate_with_is_one_line_before_any_work():
+    from perfkit.measuring.inference.generate import InferenceConfig
+
+    with pytest.raises(BadInputError, match="is a ctc model: inference generates with causal LMs .* encoder-decoders"):
+        InferenceConfig(model="hf:wav2vec2", model_size=SIZES["hf:wav2vec2"], device="cpu")
+    with pytest.raises(BadInputError, match="encodes prompt_len positions \\(32\\) but model_size sets "
+                                            "max_source_positions 16"):
+        _inference("hf:whisper", model_size={**GEN_SIZES["hf:whisper"], "max_source_positions": 16})

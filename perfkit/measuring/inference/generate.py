@@ -28,12 +28,19 @@ milliseconds per token and both regimes show: a decode step reads 13.8 MB of wei
 2·L·t·d·4 = 4.2 MB of KV cache at t = 512 (batch 1), so TPOT grows by ~1.2× at most from a
 128- to a 512-token prompt, while a 128-token prefill already runs 0.9 GFLOP of matmuls, so TTFT
 grows about linearly with the prompt (attention's quadratic term is a quarter of the work at 512).
+
+**Encoder–decoders** (``hf:t5``, ``hf:bart``, ``hf:whisper``): the prompt is the encoder's input
+(``prompt_len`` tokens, or whisper's ``prompt_len`` positions of log-mel features), the decoder
+generates N tokens after its start token; the prefill point is the encoder plus the first decoder
+token, the decode point one decoder step over the self-attention cache and the encoder's
+cross-attention keys and values (``kv_cache_bytes`` counts both).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -50,9 +57,9 @@ from perfkit.measuring.workloads import catalog
 from perfkit.measuring.workloads import synthetic as workloads
 from perfkit.measuring.workloads.user import UserModelSpec
 
-__all__ = ["WORKLOAD", "PRECISIONS", "CEILINGS", "MODEL_DEFAULTS", "InferenceConfig",
+__all__ = ["WORKLOAD", "PRECISIONS", "CEILINGS", "MODEL_DEFAULTS", "GENERATING_TASKS", "InferenceConfig",
            "configs_from_params", "check_params", "unsupported_reason",
-           "build_model", "prompt_tokens", "measure_roofs", "run_inference",
+           "build_model", "prompt_tokens", "prompt_inputs", "measure_roofs", "run_inference",
            "raise_for_status"]
 
 #: The ``workload`` column of every inference row.
@@ -64,6 +71,8 @@ PRECISIONS = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float3
 #: memory roof), ``fast`` (one matmul shape, STREAM around the decode working set: seconds),
 #: ``quick`` (``perfkit peaks``' quick search; ~30 s on 2 CPU cores).
 CEILINGS = ("none", "fast", "quick")
+#: Hugging Face tasks that generate: decoder-only LMs and encoder–decoders (text and speech).
+GENERATING_TASKS = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 #: The model's size over the workload's tiny defaults (see the module docstring for why).
 MODEL_DEFAULTS = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab_size": 512}
 
@@ -76,7 +85,10 @@ class InferenceConfig:
     """perfkit's decoder (``transformer``, :data:`MODEL_DEFAULTS`) or a Hugging Face causal LM
     ``hf:<model_type>`` (random weights from its config; its own KV cache: transformers'
     ``StaticCache`` where the family compiles full-graph, else ``DynamicCache``;
-    :mod:`perfkit.measuring.inference.hf_steps`)."""
+    :mod:`perfkit.measuring.inference.hf_steps`), or an encoder–decoder (``hf:t5``, ``hf:bart``:
+    the prompt is the encoder's input; ``hf:whisper``: ``prompt_len`` encoder positions, its
+    ``max_source_positions``, of ``2·prompt_len`` log-mel frames), generating after its decoder's
+    start token: TTFT is the encoder plus the first token."""
     batch_size: int = 1
     """Sequences generated together (all with the same prompt length, no padding)."""
     prompt_len: int = 128
@@ -147,13 +159,21 @@ class InferenceConfig:
             from perfkit.measuring.workloads.hf import task_of
 
             catalog.check(spec)  # the model_type, the config's keys, positions for P + N
-            if task_of(spec.target) != "causal-lm":
+            if task_of(spec.target) not in GENERATING_TASKS:
                 raise BadInputError(f"{self.model} is a {task_of(spec.target)} model: inference generates "
-                                    "with causal LMs (hf:llama, hf:qwen2, hf:gpt2, ...)")
+                                    "with causal LMs (hf:llama, hf:qwen2, hf:gpt2, ...) and encoder-decoders "
+                                    "(hf:t5, hf:bart, hf:whisper)")
 
     @property
     def spec(self) -> workloads.TransformerConfig | UserModelSpec:
         """The workload's spec: :data:`MODEL_DEFAULTS` and ``model_size``, positions for P + N."""
+        if self.model == "hf:whisper":  # its encoder's positions are the prompt (module docstring)
+            given = self.model_size.get("max_source_positions", self.prompt_len)
+            if given != self.prompt_len:
+                raise BadInputError(f"hf:whisper encodes prompt_len positions ({self.prompt_len}) but model_size sets "
+                                    f"max_source_positions {given}: set one of them, or both equal")
+            return catalog.make(self.model, {**self.model_size, "max_source_positions": self.prompt_len},
+                                seed=self.seed, seq_len=self.new_tokens + 1)
         if self.model != "transformer":
             return catalog.make(self.model, self.model_size, seed=self.seed,
                                 seq_len=self.prompt_len + self.new_tokens)
@@ -265,6 +285,27 @@ def prompt_tokens(cfg: InferenceConfig, device: str | None = None) -> torch.Tens
     return ids.to(device or _device(cfg))
 
 
+def prompt_inputs(cfg: InferenceConfig, model: torch.nn.Module,
+                  device: str | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """``(prompt, source)``: a decoder-only model's prompt ids and no source; an encoder–decoder's
+    decoder start tokens ``[batch_size, 1]`` and its encoder's input — :func:`prompt_tokens`
+    (t5, bart) or whisper's log-mel features ``[batch_size, num_mel_bins, 2·prompt_len]``
+    (Gaussian, from ``cfg.seed``, in the model's dtype)."""
+    from perfkit.measuring.inference.hf_steps import is_encoder_decoder
+
+    if not is_encoder_decoder(model):
+        return prompt_tokens(cfg, device), None
+    from perfkit.measuring.workloads.hf_tasks import decoder_start_id
+
+    device = device or _device(cfg)
+    start = torch.full((cfg.batch_size, 1), decoder_start_id(model.config), device=device)
+    if "input_features" not in inspect.signature(model.get_encoder().forward).parameters:
+        return start, {"input_ids": prompt_tokens(cfg, device)}
+    gen = torch.Generator().manual_seed(cfg.seed)
+    features = torch.randn((cfg.batch_size, model.config.num_mel_bins, 2 * cfg.prompt_len), generator=gen)
+    return start, {"input_features": features.to(device, next(model.parameters()).dtype)}
+
+
 # ---- roofs and the roofline placement ---------------------------------------------------------
 
 def _kv_cache_bytes(cfg: InferenceConfig, model: torch.nn.Module) -> int:
@@ -272,8 +313,10 @@ def _kv_cache_bytes(cfg: InferenceConfig, model: torch.nn.Module) -> int:
     every layer (of the key/value heads under grouped-query attention)."""
     spec, positions, element = cfg.spec, cfg.prompt_len + cfg.new_tokens, PRECISIONS[cfg.precision].itemsize
     if isinstance(spec, UserModelSpec):
-        from perfkit.measuring.inference.hf_steps import kv_cache_bytes
+        from perfkit.measuring.inference.hf_steps import is_encoder_decoder, kv_cache_bytes
 
+        if is_encoder_decoder(model):  # the decoder's 1 + N positions, the encoder's P
+            return kv_cache_bytes(model, cfg.batch_size, 1 + cfg.new_tokens, element, source_positions=cfg.prompt_len)
         return kv_cache_bytes(model, cfg.batch_size, positions, element)
     return 2 * spec.n_layers * cfg.batch_size * positions * spec.d_model * element
 
@@ -305,47 +348,16 @@ def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
                      ignore_index=True)
 
 
-def _phase_columns(phase: str, ops: pd.DataFrame | None, time_s: float,
-                   ceilings: pd.DataFrame | None, precision: str) -> tuple[dict, str | None]:
-    """``<phase>_flop``, ``_bytes``, intensity, achieved and attainable rates, percent of roof
-    and bound of one counted step taking ``time_s``; and why it is not placed, or None."""
-    from perfkit.analyse.roofline import STEP_OP, roofline_points
-    from perfkit.measuring.ops.roofline_step import placement_origin
-
-    cols = {f"{phase}_{k}": math.nan for k in ("flop", "bytes", "intensity_flop_per_byte", "flop_per_s",
-                                                "bytes_per_s", "attainable_flop_per_s", "percent_of_roof")}
-    cols[f"{phase}_bound"] = None
-    if ops is None:
-        return cols, f"no {phase} step counted"
-    counted = ops[ops["counted"]]
-    flop = float(counted["flop"].sum())
-    nbytes = float((counted["bytes_read"] + counted["bytes_written"]).sum())
-    cols.update({f"{phase}_flop": flop, f"{phase}_bytes": nbytes,
-                 f"{phase}_intensity_flop_per_byte": flop / nbytes if nbytes else math.nan,
-                 f"{phase}_flop_per_s": flop / time_s if time_s > 0 else math.nan,
-                 f"{phase}_bytes_per_s": nbytes / time_s if time_s > 0 else math.nan})
-    origin = placement_origin(ceilings, precision)
-    if origin is None or not time_s > 0:
-        return cols, (f"no {precision} compute roof with a memory roof of the same origin "
-                      "(set ceilings fast or quick)")
-    step = roofline_points(ops, ceilings, dtype=precision, step_time_s=time_s, origin=origin)
-    step = step[step["op"] == STEP_OP].iloc[0]
-    cols.update({f"{phase}_attainable_flop_per_s": float(step["attainable_flop_per_s"]),
-                 f"{phase}_percent_of_roof": float(step["percent_of_roof"]),
-                 f"{phase}_bound": step["bound"]})
-    return cols, None
-
-
 # ---- the run ---------------------------------------------------------------------------------
 
-def _generations(cfg: InferenceConfig, model, prompt, device: str):
+def _generations(cfg: InferenceConfig, model, prompt, device: str, source=None):
     """Warm-up, then timed generations alternating with timed prefills (one-token generations,
     same cache size): (timestamps per generation, prefill seconds, last tokens)."""
-    step = kv.default_step(model, cfg.kv_cache)
+    step = kv.default_step(model, cfg.kv_cache, source)
     if cfg.compile:
         step = torch.compile(step, mode=cfg.compile_mode)
     sync = kv.synchronizer(device)
-    total = cfg.prompt_len + cfg.new_tokens
+    total = prompt.shape[1] + cfg.new_tokens
 
     def gen(n: int) -> kv.Generation:
         return kv.generate(model, prompt, n, kv_cache=cfg.kv_cache, step=step, synchronize=sync,
@@ -373,6 +385,7 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
     from perfkit.core.devices import detect
     from perfkit.core.precision import math_mode
     from perfkit.measuring.ops.counting import coverage
+    from perfkit.measuring.ops.roofline_step import phase_columns
 
     device = _device(cfg)
     info = detect(device)
@@ -381,14 +394,15 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
             _threads(cfg.threads):
         threads = torch.get_num_threads()
         model = build_model(cfg, device)
-        prompt = prompt_tokens(cfg, device)
-        stamps, prefill, tokens = _generations(cfg, model, prompt, device)
-        counts = kv.count_steps(model, prompt, cfg.new_tokens, kv_cache=cfg.kv_cache) if cfg.count_ops else {}
+        prompt, source = prompt_inputs(cfg, model, device)
+        stamps, prefill, tokens = _generations(cfg, model, prompt, device, source)
+        counts = (kv.count_steps(model, prompt, cfg.new_tokens, kv_cache=cfg.kv_cache, source=source)
+                  if cfg.count_ops else {})
     metrics = latency_metrics(stamps, batch_size=cfg.batch_size, prompt_len=cfg.prompt_len,
                               prefill_samples_s=prefill)
     roofline, reasons = {}, []
     for phase, time_s in (("prefill", metrics["ttft_s"]), ("decode", metrics["tpot_s"])):
-        cols, reason = _phase_columns(phase, counts.get(phase), time_s, ceilings, cfg.precision)
+        cols, reason = phase_columns(phase, counts.get(phase), time_s, ceilings, cfg.precision)
         roofline.update(cols)
         reasons.append(reason)
     placed = [r for r in reasons if r]

@@ -9,6 +9,17 @@ keeps) where the family takes one, else a ``DynamicCache`` (which grows by conca
 the timed steps, as ``generate()`` without a static cache does). Without the cache, every step
 runs the model over the whole sequence so far (``use_cache=False``). Only the last position's
 logits are computed (``logits_to_keep=1``), as perfkit's own decoder computes them.
+
+An **encoder–decoder** (``hf:t5``, ``hf:bart``, ``hf:whisper``: ``config.is_encoder_decoder``)
+generates after its decoder's start token: the step is :class:`HFSeq2SeqStep`, holding the
+encoder's input (``source``: token ids, or whisper's log-mel features). Its first step (one start
+token at position 0) runs the encoder once, then the decoder — so TTFT is encoder + first token,
+as transformers' ``generate()`` spends it — and every later step runs the decoder alone over the
+kept encoder output. The cache is an ``EncoderDecoderCache`` of two ``DynamicCache``: the
+decoder's self-attention keys and values grow by one position per token, the cross-attention
+keys and values of the encoder's positions are computed at the first step and read by every one
+after. Without the cache, each step runs the decoder over the whole sequence so far (the encoder
+output is still kept: ``generate(use_cache=False)`` keeps it too).
 """
 
 from __future__ import annotations
@@ -16,8 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["is_hf", "HFCachedStep", "HFFullStep", "allocate_cache", "max_positions", "vocab_size",
-           "kv_cache_bytes"]
+__all__ = ["is_hf", "is_encoder_decoder", "HFCachedStep", "HFFullStep", "HFSeq2SeqStep", "allocate_cache",
+           "max_positions", "vocab_size", "kv_cache_bytes"]
 
 
 def is_hf(model: nn.Module) -> bool:
@@ -25,9 +36,17 @@ def is_hf(model: nn.Module) -> bool:
     return hasattr(model, "config") and hasattr(model, "get_output_embeddings")
 
 
+def is_encoder_decoder(model: nn.Module) -> bool:
+    """An encoder–decoder (t5, bart, whisper): it generates after a decoder start token."""
+    return is_hf(model) and bool(getattr(model.config, "is_encoder_decoder", False))
+
+
 def max_positions(model: nn.Module) -> int | None:
-    """Positions the model can attend over (None: not limited by its config)."""
-    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    """Positions the (decoder of the) model can attend over (None: not limited by its config;
+    t5's relative positions)."""
+    config = model.config
+    decoder = getattr(config, "max_target_positions", None) if is_encoder_decoder(model) else None
+    return decoder or getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 def vocab_size(model: nn.Module) -> int:
@@ -40,9 +59,21 @@ def _kv_heads_and_dim(config) -> tuple[int, int]:
     return kv_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def kv_cache_bytes(model: nn.Module, batch_size: int, positions: int, element_bytes: int) -> int:
+def _decoder_attention(config) -> tuple[int, int, int]:
+    """An encoder–decoder's decoder layers, heads and head dim (bart/whisper, t5 spellings)."""
+    layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
+    heads = getattr(config, "decoder_attention_heads", None) or config.num_heads
+    return layers, heads, getattr(config, "d_kv", None) or config.d_model // heads
+
+
+def kv_cache_bytes(model: nn.Module, batch_size: int, positions: int, element_bytes: int,
+                   source_positions: int = 0) -> int:
     """Keys and values of every layer for ``positions`` positions: the key/value heads × head dim
-    per position and layer."""
+    per position and layer. An encoder–decoder's decoder layers hold ``positions`` of
+    self-attention and ``source_positions`` (the encoder's output) of cross-attention."""
+    if is_encoder_decoder(model):
+        layers, heads, head_dim = _decoder_attention(model.config)
+        return 2 * layers * batch_size * (positions + source_positions) * heads * head_dim * element_bytes
     kv_heads, head_dim = _kv_heads_and_dim(model.config)
     return 2 * model.config.num_hidden_layers * batch_size * positions * kv_heads * head_dim * element_bytes
 
@@ -52,6 +83,9 @@ def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: b
     (its first use fills it for ``batch_size`` sequences), or a ``DynamicCache``."""
     import transformers
 
+    if is_encoder_decoder(model):
+        return transformers.EncoderDecoderCache(transformers.DynamicCache(config=model.config),
+                                                transformers.DynamicCache(config=model.config))
     if static and getattr(model, "_can_compile_fullgraph", False):
         cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
         # Allocate the layers' tensors before the clock starts (StaticCache allocates lazily).
@@ -90,3 +124,25 @@ class HFFullStep(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache=None, start: int = 0) -> torch.Tensor:
         return self.model(input_ids=tokens, use_cache=False, logits_to_keep=1).logits[:, -1]
+
+
+class HFSeq2SeqStep(nn.Module):
+    """An encoder–decoder's step: the encoder over ``source`` when the generation starts (one
+    token at position 0), then the decoder through ``cache`` (or over the whole sequence so far,
+    ``cache`` None) reading the kept encoder output."""
+
+    def __init__(self, model: nn.Module, source: dict[str, torch.Tensor]):
+        super().__init__()
+        self.model = model
+        self.source = source
+        self.encoded = None
+
+    def forward(self, tokens: torch.Tensor, cache, start: int) -> torch.Tensor:
+        if self.encoded is None or (start == 0 and (cache is not None or tokens.shape[1] == 1)):
+            self.encoded = self.model.get_encoder()(**self.source)
+        if cache is None:
+            out = self.model(encoder_outputs=self.encoded, decoder_input_ids=tokens, use_cache=False)
+        else:
+            out = self.model(encoder_outputs=self.encoded, decoder_input_ids=tokens, past_key_values=cache,
+                             use_cache=True)
+        return out.logits[:, -1]

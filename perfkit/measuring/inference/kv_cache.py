@@ -153,9 +153,14 @@ class FullGPT(nn.Module):
         return self.model(tokens)[:, -1]
 
 
-def default_step(model: nn.Module, kv_cache: bool) -> nn.Module:
+def default_step(model: nn.Module, kv_cache: bool, source: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """The eager step of a :func:`generate`: :class:`CachedGPT` or :class:`FullGPT` of perfkit's
-    GPT, a Hugging Face causal LM's through its own cache (:mod:`perfkit.measuring.inference.hf_steps`)."""
+    GPT, a Hugging Face causal LM's through its own cache, an encoder–decoder's over the encoder
+    input ``source`` (:mod:`perfkit.measuring.inference.hf_steps`)."""
+    if hf_steps.is_encoder_decoder(model):
+        if source is None:
+            raise ValueError(f"{type(model).__name__} is an encoder-decoder: its step needs the encoder's input")
+        return hf_steps.HFSeq2SeqStep(model, source)
     if hf_steps.is_hf(model):
         return hf_steps.HFCachedStep(model) if kv_cache else hf_steps.HFFullStep(model)
     return CachedGPT(model) if kv_cache else FullGPT(model)
@@ -242,25 +247,30 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cach
 
 
 def count_steps(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, *,
-                kv_cache: bool = True) -> dict[str, pd.DataFrame]:
+                kv_cache: bool = True, source: dict[str, torch.Tensor] | None = None) -> dict[str, pd.DataFrame]:
     """``{"prefill": ops, "decode": ops}``: :func:`perfkit.measuring.ops.counting.count_ops` frames of
     the eager prefill and of the decode step producing token ``new_tokens // 2`` (none when
     ``new_tokens`` is 1). With the cache that step reads ``P + new_tokens // 2`` cached
-    positions; without it, it recomputes that many."""
+    positions (a fresh cache is filled to them first, uncounted: a growing cache then holds
+    as many as a static one); without it, it recomputes that many. An encoder–decoder's
+    ``prompt`` is its decoder's start and ``source`` its encoder's input (the prefill counts the
+    encoder)."""
     from perfkit.measuring.ops.counting import count_ops
 
     batch, prompt_len = prompt.shape
-    step = default_step(model, kv_cache)
-    cache = allocate_cache(model, batch, prompt_len + new_tokens) if kv_cache else None
+    step = default_step(model, kv_cache, source)
+    total = prompt_len + new_tokens
     vocab = _vocab_size(model)
     with torch.no_grad():
-        out = {"prefill": count_ops(step, prompt, cache, 0)}
+        out = {"prefill": count_ops(step, prompt, allocate_cache(model, batch, total) if kv_cache else None, 0)}
         if new_tokens > 1:
             pos = prompt_len + new_tokens // 2  # keys the decode step attends to
+            seq = torch.randint(0, vocab, (batch, pos), device=prompt.device)
+            seq[:, :prompt_len] = prompt
             if kv_cache:
-                token = torch.randint(0, vocab, (batch, 1), device=prompt.device)
-                out["decode"] = count_ops(step, token, cache, pos - 1)
+                cache = allocate_cache(model, batch, total)
+                step(seq[:, :pos - 1], cache, 0)
+                out["decode"] = count_ops(step, seq[:, pos - 1:pos], cache, pos - 1)
             else:
-                seq = torch.randint(0, vocab, (batch, pos), device=prompt.device)
                 out["decode"] = count_ops(step, seq, None, 0)
     return out

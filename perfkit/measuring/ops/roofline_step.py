@@ -9,12 +9,14 @@ overhead, so on tiny ops the time shares of all ops can add up to more than the 
 
 :func:`step_ceilings` builds the ceilings a step is placed against (spec or theoretical rows,
 plus the measured ones for the step's precision only, to keep a quick run quick), and
-:func:`placement_origin` picks which origin's roofs the points are read against.
+:func:`placement_origin` picks which origin's roofs the points are read against;
+:func:`phase_columns` places one counted inference phase (prefill, decode) the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -35,6 +37,7 @@ __all__ = [
     "placement_origin",
     "profile_step",
     "point_rows",
+    "phase_columns",
 ]
 
 #: Precisions a step can run in: the model's parameters and inputs are cast to the dtype.
@@ -188,3 +191,34 @@ def point_rows(points: pd.DataFrame, profile: StepProfile) -> pd.DataFrame:
         rows[col] = pd.Series([value if s else None for s in is_step], index=rows.index,
                               dtype=object)
     return rows
+
+
+def phase_columns(phase: str, ops: pd.DataFrame | None, time_s: float,
+                   ceilings: pd.DataFrame | None, precision: str) -> tuple[dict, str | None]:
+    """``<phase>_flop``, ``_bytes``, intensity, achieved and attainable rates, percent of roof
+    and bound of one counted step (``ops``, an inference prefill or decode) taking ``time_s``;
+    and why it is not placed, or None."""
+    from perfkit.analyse.roofline import STEP_OP, roofline_points
+
+    cols = {f"{phase}_{k}": math.nan for k in ("flop", "bytes", "intensity_flop_per_byte", "flop_per_s",
+                                                "bytes_per_s", "attainable_flop_per_s", "percent_of_roof")}
+    cols[f"{phase}_bound"] = None
+    if ops is None:
+        return cols, f"no {phase} step counted"
+    counted = ops[ops["counted"]]
+    flop = float(counted["flop"].sum())
+    nbytes = float((counted["bytes_read"] + counted["bytes_written"]).sum())
+    cols.update({f"{phase}_flop": flop, f"{phase}_bytes": nbytes,
+                 f"{phase}_intensity_flop_per_byte": flop / nbytes if nbytes else math.nan,
+                 f"{phase}_flop_per_s": flop / time_s if time_s > 0 else math.nan,
+                 f"{phase}_bytes_per_s": nbytes / time_s if time_s > 0 else math.nan})
+    origin = placement_origin(ceilings, precision)
+    if origin is None or not time_s > 0:
+        return cols, (f"no {precision} compute roof with a memory roof of the same origin "
+                      "(set ceilings fast or quick)")
+    step = roofline_points(ops, ceilings, dtype=precision, step_time_s=time_s, origin=origin)
+    step = step[step["op"] == STEP_OP].iloc[0]
+    cols.update({f"{phase}_attainable_flop_per_s": float(step["attainable_flop_per_s"]),
+                 f"{phase}_percent_of_roof": float(step["percent_of_roof"]),
+                 f"{phase}_bound": step["bound"]})
+    return cols, None

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.workloads.user import non_embedding_params
 
-__all__ = ["AUDIO_OWN", "TASKS", "task_from_mappings", "prepare_config", "task_parts", "SEQ2SEQ_FLOP_CONVENTION",
+__all__ = ["AUDIO_OWN", "TASKS", "task_from_mappings", "prepare_config", "task_parts", "decoder_start_id", "SEQ2SEQ_FLOP_CONVENTION",
            "WHISPER_FLOP_CONVENTION", "AST_FLOP_CONVENTION"]
 
 SEQ2SEQ_FLOP_CONVENTION = ("6N·T + 12·H·Q·T²·(L_enc + 2·L_dec) per sample (PaLM app. B over both stacks, "
@@ -85,8 +85,7 @@ def task_parts(task: str, model, config, own: dict, seq_len: int | None, seed: i
         limit = getattr(config, "max_target_positions", None)
         if limit is not None and seq_len > limit:
             raise BadInputError(f"hf:{config.model_type}: seq_len {seq_len} > the config's max_target_positions {limit}")
-        start = getattr(config, "decoder_start_token_id", None)
-        start = start if isinstance(start, int) else (config.pad_token_id or 0)
+        start = decoder_start_id(config)
         if task == "seq2seq-lm":
             return (_seq2seq_batch(config.vocab_size, seq_len, start, None), _logits_loss,
                     _seq2seq_flop(model, config, seq_len), None, SEQ2SEQ_FLOP_CONVENTION, seq_len)
@@ -106,6 +105,12 @@ def task_parts(task: str, model, config, own: dict, seq_len: int | None, seed: i
     shape = (config.max_length, config.num_mel_bins)
     return (_prototype_batch(shape, config.num_labels, seed), _logits_loss, _ast_flop(model, config), None,
             AST_FLOP_CONVENTION, None)
+
+
+def decoder_start_id(config) -> int:
+    """The token an encoder–decoder's decoder starts from (t5 has none but its pad token, 0)."""
+    start = getattr(config, "decoder_start_token_id", None)
+    return start if isinstance(start, int) else (config.pad_token_id or 0)
 
 
 def _sequence(vocab_size: int, seq_len: int, n: int, gen: torch.Generator) -> torch.Tensor:
