@@ -52,7 +52,9 @@ def test_view_cells_run_beside_the_next_measurement_and_end_with_their_own_statu
     # Every configuration measured, in its own kernel, for at least its measurement's time,
     # and its window ended before its view cells did (not at its notebook's end).
     assert len(measured) == 3 and measured["pid"].nunique() == 3
-    assert (rows["measure_window_s"] >= 1.2).all() and (rows["measure_window_s"] < 1.2 + 0.8).all()
+    # (how soon after its view cells a window ends is asserted per configuration below, against its
+    # own end: an upper bound on the window itself would time the host, 2.0-2.2 s on a loaded CI)
+    assert (rows["measure_window_s"] >= 1.2).all()
     for action, (o, entry) in ended.items():
         mine = rows[rows["config_id"] == o.config_id]
         assert set(WINDOW_COLUMNS) <= set(mine.columns)
