@@ -317,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .view.trace import add_trace_command
 
     add_trace_command(sub)
+    from .ingest.network import read_network
+    from .view.predict_cli import add_predict_command
+
+    add_predict_command(sub, read_network)
     from .view.query import add_query_command
 
     add_query_command(sub)

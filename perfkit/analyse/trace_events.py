@@ -224,8 +224,11 @@ class _Columns:
         self.external_id, self.index = array("q"), array("q")
 
 
-def read_trace(path: str | os.PathLike) -> TraceEvents:
+def read_trace(path: str | os.PathLike, *, round_to_us: bool = True) -> TraceEvents:
     """The kept events of the trace at ``path`` (plain or gzipped JSON, detected from the bytes).
+
+    ``round_to_us=False`` keeps fractional timestamps as written (a replay of a CPU step's
+    microsecond-long ops, where HTA's inward rounding would shorten each by up to 2 µs).
 
     Raises :class:`BadInputError` (one line) for a file that is not a Chrome/Kineto trace.
     """
@@ -235,12 +238,12 @@ def read_trace(path: str | os.PathLike) -> TraceEvents:
         raise BadInputError(f"{path}: {what}")
     src = _Source(path)
     try:
-        return _read(src)
+        return _read(src, round_to_us)
     finally:
         src.close()
 
 
-def _read(src: _Source) -> TraceEvents:
+def _read(src: _Source, round_to_us: bool = True) -> TraceEvents:
     meta: dict = {}
     cols = _Columns()
     names: dict[str, int] = {}
@@ -271,7 +274,7 @@ def _read(src: _Source) -> TraceEvents:
 
     ts = np.frombuffer(cols.ts, dtype=np.float64)
     dur = np.frombuffer(cols.dur, dtype=np.float64)
-    if any_fractional_ts:
+    if any_fractional_ts and round_to_us:
         # HTA's round_down_time_stamps: inward to whole microseconds, end first.
         end = np.floor(ts + dur)
         ts = np.ceil(ts)
@@ -293,7 +296,7 @@ def _read(src: _Source) -> TraceEvents:
         correlation=np.frombuffer(cols.correlation, dtype=np.int64),
         external_id=np.frombuffer(cols.external_id, dtype=np.int64),
         index=np.frombuffer(cols.index, dtype=np.int64),
-        rounded_to_us=any_fractional_ts,
+        rounded_to_us=any_fractional_ts and round_to_us,
         process_names=process_names, thread_names=thread_names,
         distributed_info=info, device_properties=props if isinstance(props, list) else [],
     )

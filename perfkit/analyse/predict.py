@@ -1,0 +1,237 @@
+"""A measured step re-costed at another data-parallel degree: DDP and ZeRO-3 by what-if replay.
+
+The base is one rank's :class:`~perfkit.analyse.step_graph.StepGraph` (a configuration measured
+without collectives, at the per-rank batch to predict: weak scaling, each rank's compute as
+measured). Onto it go the collectives the layout adds at ``world_size`` ranks, each a task of its
+own lane costed by a :class:`~perfkit.analyse.network_model.NetworkModel`, with the dependencies
+the wrapper has; the graph is then replayed (Lumos, Liang et al. MLSys 2025, §4: re-costed tasks on
+a measured dependency graph).
+
+**DDP** (PyTorch's ``DistributedDataParallel``, Li et al., VLDB 2020, §3.2): gradients are
+all-reduced in buckets of ``bucket_cap_mb`` (the first bucket 1 MiB,
+``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``), in reverse parameter order, each launched when
+its gradients are ready; the optimizer waits for the last. Assumed: gradients become ready evenly
+in bytes over the measured backward.
+
+**ZeRO-3** (Rajbhandari et al., SC 2020, §5.3; as FSDP2's ``fully_shard`` per block and the root,
+Zhao et al., VLDB 2023): each unit's parameters are all-gathered before its forward and again
+before its backward (the next unit's gather issued as a unit starts: FSDP2's prefetch of one),
+its gradients reduce-scattered after its backward, the optimizer updates 1/p of the parameters.
+Assumed: the blocks hold the non-embedding parameters evenly, the root the rest; forward and
+backward spend equal time per block; all-gathers and reduce-scatters each on a lane of their own.
+
+Not modelled (said in :attr:`Prediction.assumptions`): tensor and pipeline parallelism, the
+wrappers' own host work (bucket copies, FSDP's copy-in/out), contention between a collective and
+compute for the same cores or memory, stragglers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfkit.analyse.network_model import NetworkModel
+from perfkit.analyse.step_graph import COMM, DEVICE, HOST, StepGraph, replay
+from perfkit.core.errors import BadInputError
+
+__all__ = ["LAYOUTS", "ModelFacts", "Prediction", "what_if"]
+
+LAYOUTS = ("ddp", "zero3")
+_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+_EPS_US = 1e-3  # orders an added collective just before what waits for it
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the rows say about the model the graph ran."""
+
+    n_params: int
+    n_params_non_embedding: int | None = None
+    n_blocks: int | None = None
+    param_bytes: int = 4
+    """Bytes per parameter as gathered (4: fp32; FSDP's ``param_dtype`` makes it 2)."""
+    grad_bytes: int = 4
+    """Bytes per gradient element as reduced (4: fp32 gradients, also under autocast)."""
+    bucket_cap_mb: float = 25.0
+    tokens_per_rank: float = math.nan
+    """Tokens (or samples) one rank's step processes, for throughput."""
+
+
+@dataclass
+class Prediction:
+    layout: str
+    world_size: int
+    step_s: float
+    compute_s: float
+    """The step replayed with every added collective free: compute as the graph costs it."""
+    exposed_comm_s: float
+    comm_s: float
+    """Every added collective's time, overlapped or not."""
+    collectives: int
+    tokens_per_s: float
+    scaling_efficiency: float
+    """Base step ÷ predicted step (weak scaling: per-rank throughput kept)."""
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _compute_nodes(g: StepGraph) -> list[int]:
+    """What the collectives wait for and what waits for them: the device's tasks where the step
+    ran on a device, else the host's leaves (on a CPU the ops are the compute)."""
+    nodes = [i for i in g.order() if g.kind[i] == DEVICE]
+    return nodes or [i for i in g.order() if g.kind[i] == HOST]
+
+
+def _time_key(g: StepGraph, i: int) -> float:
+    """When a compute node was issued: a device task by its launch, a host leaf by its start."""
+    if g.kind[i] == DEVICE and g.issue[i] >= 0:
+        return g.start_measured_us[g.issue[i]]
+    return g.start_measured_us[i]
+
+
+class _Editor:
+    def __init__(self, g: StepGraph):
+        self.g = copy.deepcopy(g)
+        self.nodes = _compute_nodes(self.g)
+        self.keys = np.array([_time_key(self.g, i) for i in self.nodes])
+        self.added: list[int] = []
+
+    def before(self, t_us: float) -> int:
+        """The last compute node issued at or before ``t_us`` (the first one if none)."""
+        k = int(np.searchsorted(self.keys, t_us, side="right")) - 1
+        return self.nodes[max(k, 0)]
+
+    def after(self, t_us: float) -> int | None:
+        """The first compute node issued at or after ``t_us``, and the first host leaf of the
+        step's thread then too (the host blocks where the wrapper waits on a CPU)."""
+        k = int(np.searchsorted(self.keys, t_us, side="left"))
+        return self.nodes[k] if k < len(self.nodes) else None
+
+    def collective(self, *, op: str, lane: str, size_bytes: float, world_size: int, network: NetworkModel,
+                   after: int | None, at_us: float) -> int:
+        lane_nodes = [i for i in self.added if self.g.lane[i] == lane]
+        prev = lane_nodes[-1] if lane_nodes else -1
+        when = max(at_us, self.g.start_measured_us[prev] + _EPS_US if prev >= 0 else at_us)
+        n = self.g.add(name=f"{op} {size_bytes:.0f} B", kind=COMM, lane=lane, start_us=when,
+                       dur_us=network.time_s(op, size_bytes, world_size) * 1e6, lane_prev=prev,
+                       waits=[(after, 0.0)] if after is not None else [], op=op, nbytes=size_bytes)
+        if after is None:
+            self.g.issue[n], self.g.issue_offset_us[n] = -1, 0.0
+        self.added.append(n)
+        return n
+
+    def wait(self, node: int | None, collective: int) -> None:
+        if node is None:
+            return
+        self.g.waits[node].append((collective, 0.0))
+        # Ordered before its waiter: an added task's measured start is its ready time.
+        self.g.start_measured_us[collective] = min(self.g.start_measured_us[collective],
+                                                  self.g.start_measured_us[node] - _EPS_US)
+
+    def scale(self, nodes, factor: float) -> None:
+        for i in nodes:
+            self.g.dur_us[i] *= factor
+
+
+def _phases(g: StepGraph) -> tuple[float, float, float, tuple[float, float] | None]:
+    """(forward start, backward start, backward end, optimizer span) in measured µs."""
+    if "backward" not in g.phases:
+        raise BadInputError(f"{g.path}: ProfilerStep#{g.step} has no autograd functions: not a training step "
+                            "to predict a data-parallel layout from")
+    b0, b1 = g.phases["backward"]
+    f0 = g.phases["zero_grad"][1] if "zero_grad" in g.phases else g.start_us
+    return f0, b0, b1, g.phases.get("optimizer")
+
+
+def _ddp(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
+    _, b0, b1, opt = _phases(e.g)
+    total = facts.n_params * facts.grad_bytes
+    cap = facts.bucket_cap_mb * 1024 * 1024
+    sizes, left = [], total
+    while left > 0:
+        size = min(left, _FIRST_BUCKET_BYTES if not sizes else cap)
+        sizes.append(size)
+        left -= size
+    measured = [i for i in e.g.order() if e.g.kind[i] == COMM and e.g.op[i] == "all_reduce"]
+    done, last = 0.0, None
+    if measured:  # the wrapper ran on one rank: its all-reduces as issued, re-costed at p ranks
+        share = [total / len(measured)] * len(measured) if len(measured) != len(sizes) else sizes
+        for i, size in zip(measured, share):
+            e.g.dur_us[i] = net.time_s("all_reduce", size, p) * 1e6
+            e.g.bytes[i] = size
+            e.added.append(i)
+        last = measured[-1]
+        how = (f"the {len(measured)} all-reduces the one-rank trace issued, re-costed"
+               + ("" if len(measured) == len(sizes) else f" with the gradients split evenly among them ({len(sizes)} buckets expected)"))
+    else:
+        for size in sizes:
+            done += size
+            ready = b0 + (b1 - b0) * done / total
+            last = e.collective(op="all_reduce", lane="ddp all_reduce", size_bytes=size, world_size=p, network=net,
+                                after=e.before(ready), at_us=ready)
+        how = "added as the gradients become ready: evenly in bytes over the measured backward"
+    waiter = e.after(opt[0] if opt else b1)
+    if waiter is not None and waiter < len(e.g) and e.g.start_measured_us[waiter] > e.g.start_measured_us[last]:
+        e.wait(waiter, last)
+    return [f"DDP: {how}; {len(sizes)} gradient buckets ({total / 2**20:.3g} MiB of {facts.grad_bytes}-byte gradients, "
+            f"first 1 MiB then {facts.bucket_cap_mb:g} MiB); the optimizer waits for the last"]
+
+
+def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
+    f0, b0, b1, opt = _phases(e.g)
+    blocks = facts.n_blocks or 1
+    body = facts.n_params_non_embedding if facts.n_params_non_embedding else facts.n_params
+    units = [facts.n_params - body] + [body / blocks] * blocks if facts.n_params > body else [body / blocks] * blocks
+    n = len(units)
+    fwd = [f0 + (b0 - f0) * k / n for k in range(n + 1)]
+    bwd = [b0 + (b1 - b0) * k / n for k in range(n + 1)]
+    gathers = []
+    for k, params in enumerate(units):  # forward: unit k's gather issued as unit k-1 starts
+        issue = fwd[max(k - 1, 0)]
+        ag = e.collective(op="all_gather", lane="zero3 all_gather", size_bytes=params * facts.param_bytes,
+                          world_size=p, network=net, after=e.before(issue) if k else None, at_us=issue)
+        e.wait(e.after(fwd[k]), ag)
+        gathers.append(ag)
+    last = None
+    for j, params in enumerate(reversed(units)):  # backward: the root's parameters stay gathered
+        if not (n > blocks and j == n - 1):  # the root is not resharded after forward
+            issue = bwd[max(j - 1, 0)]
+            ag = e.collective(op="all_gather", lane="zero3 all_gather", size_bytes=params * facts.param_bytes,
+                              world_size=p, network=net, after=e.before(issue), at_us=issue)
+            e.wait(e.after(bwd[j]), ag)
+        last = e.collective(op="reduce_scatter", lane="zero3 reduce_scatter", size_bytes=params * facts.grad_bytes,
+                            world_size=p, network=net, after=e.before(bwd[j + 1]), at_us=bwd[j + 1])
+    start = opt[0] if opt else b1
+    e.wait(e.after(start), last)
+    if opt:
+        e.scale([i for i in e.nodes if opt[0] <= _time_key(e.g, i) <= opt[1]], 1.0 / p)
+    return [f"ZeRO-3: {n} units ({blocks} blocks with {body / blocks / 1e6:.3g} M parameters each"
+            + (f", the root {units[0] / 1e6:.3g} M" if n > blocks else "") + "), forward and backward split evenly among them; "
+            f"{facts.param_bytes}-byte gathers, {facts.grad_bytes}-byte reduce-scatters, prefetch of one unit",
+            "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard)"]
+
+
+def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkModel, facts: ModelFacts) -> Prediction:
+    """The base graph with ``layout``'s collectives at ``world_size`` ranks, replayed."""
+    if layout not in LAYOUTS:
+        raise BadInputError(f"--layout {layout!r}: predicted layouts are {', '.join(LAYOUTS)}")
+    ran = sorted({str(base.op[i]) for i in range(len(base)) if base.kind[i] == COMM})
+    if ran and (layout != "ddp" or ran != ["all_reduce"]):
+        raise BadInputError(f"{base.path}: the step already runs {', '.join(ran)}: predict {layout} from a configuration "
+                            "without collectives, or DDP from DDP on one rank")
+    base_s = replay(base)[0] / 1e6
+    e = _Editor(base)
+    notes = (_ddp if layout == "ddp" else _zero3)(e, facts, world_size, network)
+    step_s = replay(e.g)[0] / 1e6
+    free = copy.deepcopy(e.g)
+    for i in e.added:
+        free.dur_us[i] = 0.0
+    compute_s = replay(free)[0] / 1e6
+    comm_s = sum(e.g.dur_us[i] for i in e.added) / 1e6
+    notes += [f"weak scaling: each rank's batch and compute as measured on one rank ({base.path})"]
+    return Prediction(layout=layout, world_size=world_size, step_s=step_s, compute_s=compute_s,
+                      exposed_comm_s=max(0.0, step_s - compute_s), comm_s=comm_s, collectives=len(e.added),
+                      tokens_per_s=facts.tokens_per_rank * world_size / step_s,
+                      scaling_efficiency=base_s / step_s, assumptions=notes)

@@ -1,0 +1,226 @@
+"""``perfkit predict``: a measured step replayed, then re-costed at other data-parallel degrees.
+
+Reads a results directory's profiled configurations (their Kineto traces), checks the model by
+replaying every traced step (:mod:`perfkit.analyse.step_graph`), then predicts each layout at
+each world size from a one-rank configuration (:mod:`perfkit.analyse.predict`) with collective
+times from ``--network`` (:mod:`perfkit.analyse.network_model`). Every prediction that lands on
+a configuration the directory measured prints its error; one with no measured point says how far
+it extrapolates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from ..core.errors import BadInputError
+
+__all__ = ["add_predict_command", "run_predict"]
+
+HELP = """\
+How fast at N ranks, before you have them. From a one-rank profiled training step (train_step or
+scaling notebooks with profile true) and the collectives of the target network, the step's
+execution graph (host ops, GPU kernels per stream, launches, waits, collectives) is replayed with
+DDP's gradient all-reduces or ZeRO-3's all-gathers and reduce-scatters added, each costed by the
+ring formulas from the network's alpha-beta fit. Weak scaling: each rank's batch as measured.
+
+--network: an nccl-tests/rccl-tests output file of the target cluster, or a perfkit folder of
+measured collectives (notebooks/collectives.ipynb). First, every traced step is replayed with its
+measured durations: the replay error says how well the graph explains it.
+"""
+
+_ALIASES = {"ddp": ("ddp",), "zero3": ("zero3", "fsdp")}
+_BASES = {"ddp": ("ddp", "none"), "zero3": ("zero3", "fsdp", "none")}
+
+
+def add_predict_command(sub, read_network) -> None:
+    """Register ``perfkit predict``; ``read_network(path)`` reads ``--network`` (the CLI passes
+    :func:`perfkit.ingest.network.read_network`: a view does not import the readers)."""
+    p = sub.add_parser("predict", help="predict DDP and ZeRO-3 steps at other world sizes from a one-rank trace",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("directory", metavar="DIR", help="a results directory with profiled training configurations")
+    p.add_argument("--world-sizes", required=True, metavar="N,N,...", help="ranks to predict at, e.g. 8,64,512")
+    p.add_argument("--network", required=True, metavar="FILE|DIR",
+                   help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives")
+    p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3 or both (default ddp,zero3)")
+    p.add_argument("--trace", metavar="FILE", help="the base's trace, where DIR's rows point elsewhere (a copied folder)")
+    p.add_argument("--config", metavar="ID", help="the base configuration (default: DIR's one-rank traced ones)")
+    p.add_argument("--blocks", type=int, help="ZeRO-3 units besides the root (default: the rows' layer count)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_predict, read_network=read_network)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise BadInputError(f"--world-sizes {text!r}: give positive integers, e.g. 8,64,512")
+    return values
+
+
+def _facts(row: dict, blocks: int | None, notes: list[str]):
+    from ..analyse.predict import ModelFacts
+
+    def num(name):
+        value = row.get(name)
+        return float(value) if isinstance(value, (int, float)) and value == value else None
+
+    if num("n_params") is None:
+        raise BadInputError(f"{row.get('config_id')}: its rows have no n_params: not a training configuration")
+    layers = blocks or num("model_num_hidden_layers") or num("model_n_layers")
+    if layers is None:
+        layers = 1
+        if not any(n.startswith("blocks:") for n in notes):
+            notes.append("blocks: the rows do not say how many (model_n_layers, model_num_hidden_layers); ZeRO-3 "
+                         "costed as the root and one block: pass --blocks N")
+    precision = str(row.get("precision"))
+    half = ("bfloat16", "float16")
+    param_bytes = 2 if precision == "bf16-pure" or row.get("fsdp_param_dtype") in half else 4
+    grad_bytes = 2 if precision == "bf16-pure" or row.get("fsdp_reduce_dtype") in half else 4
+    per_rank = num("batch_size") / (num("world_size") or 1)
+    tokens = per_rank * (num("seq_len") or 1)
+    return ModelFacts(n_params=int(num("n_params")), n_params_non_embedding=int(num("n_params_non_embedding") or 0) or None,
+                      n_blocks=int(layers) if layers else None, param_bytes=param_bytes, grad_bytes=grad_bytes,
+                      bucket_cap_mb=num("bucket_cap_mb") or 25.0, tokens_per_rank=tokens), per_rank
+
+
+def _traced(rows: pd.DataFrame, directory: Path, trace: str | None, config: str | None):
+    from .trace_report import traced_runs
+
+    runs = traced_runs(rows, directory)
+    if config:
+        runs = [r for r in runs if r.config_id == config] or [r for r in traced_runs(rows[rows["config_id"] == config])]
+    if trace:
+        chosen = runs if config else [r for r in runs]
+        if len({r.config_id for r in chosen}) != 1:
+            raise BadInputError(f"--trace {trace}: name its configuration with --config (traced in {directory}: "
+                                f"{', '.join(sorted({r.config_id for r in runs})) or 'none'})")
+        from .trace_report import TracedRun
+
+        r = chosen[0]
+        runs = [TracedRun(config_id=r.config_id, run=r.run, paths=(Path(trace),), row=r.row)]
+    return runs
+
+
+def run_predict(args) -> int:
+    from ..analyse.predict import LAYOUTS, what_if
+    from ..analyse.step_graph import replay_error, step_graphs
+    from ..core.results import load
+
+    world_sizes = _ints(args.world_sizes)
+    layouts = [x.strip() for x in str(args.layout).split(",") if x.strip()]
+    if not layouts or any(x not in LAYOUTS for x in layouts):
+        raise BadInputError(f"--layout {args.layout!r}: choose from {', '.join(LAYOUTS)}")
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise BadInputError(f"{directory}: no such results directory")
+    if args.trace and not Path(args.trace).is_file():
+        raise BadInputError(f"--trace {args.trace}: no such trace file")
+    network = args.read_network(args.network)
+    rows = load(directory)
+    if rows.empty or "trace_path" not in rows.columns:
+        raise BadInputError(f"{directory}: no traced configurations: run train_step.ipynb with -p profile true")
+    runs = [r for r in _traced(rows, directory, args.trace, args.config) if all(p.is_file() for p in r.paths)]
+    if not runs:
+        raise BadInputError(f"{directory}: no trace files found for its traced rows (moved? pass --trace FILE --config ID)")
+
+    replays = []
+    graphs = {}
+    for r in runs:
+        for rank, path in enumerate(r.paths):
+            gs = step_graphs(path)
+            graphs[(r.config_id, r.run, rank)] = gs
+            replays.append({"config_id": r.config_id, "run": r.run, "rank": rank, "steps": len(gs),
+                            "measured_ms": statistics.median(g.measured_us for g in gs) / 1e3,
+                            "replay_error": max((replay_error(g) for g in gs), key=abs)})
+
+    predictions, notes = [], []
+    for layout in layouts:
+        bases = [r for r in runs if int(r.row.get("world_size") or 1) == 1
+                 and str(r.row.get("parallelism")) in _BASES[layout]]
+        bases.sort(key=lambda r: _BASES[layout].index(str(r.row.get("parallelism"))))
+        if not bases:
+            notes.append(f"{layout}: no one-rank traced configuration to predict from")
+            continue
+        base = bases[0]
+        facts, per_rank = _facts(base.row, args.blocks, notes)
+        gs = graphs[(base.config_id, base.run, 0)]
+        profiled_s = statistics.median(g.measured_us for g in gs) / 1e6
+        measured_base = base.row.get("step_time_s")
+        for p in world_sizes:
+            preds = sorted((what_if(g, layout=layout, world_size=p, network=network, facts=facts) for g in gs),
+                           key=lambda x: x.step_s)
+            pred = preds[len(preds) // 2]
+            measured = _measured(rows, base.row, layout, p, per_rank)
+            out = {"layout": layout, "world_size": p, "base": f"{base.config_id}/{base.run}",
+                   "step_ms": pred.step_s * 1e3, "tokens_per_s": pred.tokens_per_s,
+                   "scaling_efficiency": pred.scaling_efficiency, "compute_ms": pred.compute_s * 1e3,
+                   "exposed_comm_ms": pred.exposed_comm_s * 1e3, "comm_ms": pred.comm_s * 1e3,
+                   "bubble_ms": 0.0, "collectives": pred.collectives,
+                   "measured_ms": measured * 1e3 if measured else None,
+                   "error": pred.step_s / measured - 1 if measured else None,
+                   "extrapolation": network.extrapolation(p) if not measured else None,
+                   "assumptions": pred.assumptions}
+            if not measured:
+                ws = sorted({int(w) for w in rows.get("world_size", pd.Series(dtype=float)).dropna()})
+                near = min(ws, key=lambda w: abs(w - p)) if ws else None
+                far = f"no measured {layout} point at {p} ranks" + (f"; the nearest measured world size is {near} ({p / near:g}x)" if near else "")
+                out["extrapolation"] = "; ".join(x for x in (far, out["extrapolation"]) if x)
+            predictions.append(out)
+        notes.append(f"{layout}: base {base.config_id} ({base.row.get('parallelism')}, 1 rank, batch {per_rank:g}): profiled "
+                     f"step {profiled_s * 1e3:.2f} ms" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
+                                                         if isinstance(measured_base, float) and measured_base == measured_base else ""))
+    result = {"replay": replays, "predictions": predictions, "network": network.assumptions(), "notes": notes}
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(_render(result))
+    return 0
+
+
+def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
+    same = rows
+    for col in ("model", "seq_len", "precision"):
+        if col in rows and base.get(col) is not None and base.get(col) == base.get(col):
+            same = same[same[col] == base[col]]
+    need = ["world_size", "parallelism", "batch_size", "step_time_s"]
+    if any(c not in same for c in need):
+        return None
+    hit = same[(same["world_size"] == p) & same["parallelism"].isin(_ALIASES[layout])
+               & (same["batch_size"] == per_rank * p) & same["step_time_s"].notna()]
+    if "status" in hit:
+        hit = hit[hit["status"] == "ok"]
+    return float(hit["step_time_s"].median()) if len(hit) else None
+
+
+def _render(result: dict) -> str:
+    lines = ["replay (each traced step with its measured durations; the model's own check):"]
+    for r in result["replay"]:
+        lines.append(f"  {r['config_id']}/{r['run']} rank {r['rank']}: {r['steps']} steps, median {r['measured_ms']:.2f} ms, "
+                     f"worst replay error {100 * r['replay_error']:+.1f} %")
+    lines.append("")
+    head = f"{'layout':<7}{'ranks':>6}{'step ms':>10}{'tokens/s':>12}{'eff':>6}{'compute':>9}{'exposed':>9}{'comm':>8}{'measured':>10}{'error':>8}"
+    lines += ["predicted (ms; exposed: communication on the critical path):", head]
+    for p in result["predictions"]:
+        err = f"{100 * p['error']:+.1f}%" if p["error"] is not None else "-"
+        meas = f"{p['measured_ms']:.2f}" if p["measured_ms"] is not None else "-"
+        tps = f"{p['tokens_per_s']:.4g}" if math.isfinite(p["tokens_per_s"]) else "-"
+        lines.append(f"{p['layout']:<7}{p['world_size']:>6}{p['step_ms']:>10.2f}{tps:>12}{p['scaling_efficiency']:>6.2f}"
+                     f"{p['compute_ms']:>9.2f}{p['exposed_comm_ms']:>9.2f}{p['comm_ms']:>8.2f}{meas:>10}{err:>8}")
+        if p["extrapolation"]:
+            lines.append(f"{'':13}! {p['extrapolation']}")
+    seen = []
+    for p in result["predictions"]:
+        seen += [a for a in p["assumptions"] if a not in seen]
+    lines += ["", "assumptions:"] + [f"  - {a}" for a in result["network"] + seen + result["notes"]]
+    lines.append("  - not modelled: tensor and pipeline parallelism (bubble 0), the wrappers' host work beyond the base's, "
+                 "compute slowed by collectives sharing its cores or memory, stragglers")
+    return "\n".join(lines)

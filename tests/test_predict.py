@@ -1,0 +1,240 @@
+"""``perfkit predict``: a traced step's execution graph replayed, and re-costed for DDP and ZeRO-3
+at other world sizes (issue 48). Real Kineto traces: made here by torch.profiler on CPU, the
+H200 ``hf:llama`` step in ``shared/reference/gpu-h200/``, an nccl-tests table of a 16-rank H100
+cluster from ``shared/reference/native/``."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfkit.analyse.network_model import ring_hops
+from perfkit.ingest.network import read_network
+from perfkit.analyse.predict import ModelFacts, what_if
+from perfkit.analyse.step_graph import COMM, DEVICE, HOST, replay, replay_error, step_graphs
+from perfkit.core.errors import BadInputError
+
+REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
+H200 = REF / "gpu-h200"
+H200_TRACE = H200 / "trace" / "hf-llama-bf16-b16-rank0.json.gz"
+H200_CONFIG = "train_step-7a362e396d16"
+H100_TABLE = REF / "native" / "nccl-tests-nccl2.21.5-h100-2node-16rank-allreduce.txt"
+
+
+def _need(path: Path) -> None:
+    if not path.exists():
+        pytest.skip(f"{path} is absent (shared/reference/ sits beside the repository)")
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory) -> Path:
+    """Four profiled steps of a small transformer-like model training on this CPU."""
+    out = tmp_path_factory.mktemp("trace")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 64), torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True),
+                                torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), torch.nn.Linear(64, 64))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 64, (4, 32))
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=4, repeat=1)
+    path = out / "rank0.json.gz"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched,
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(6):
+            opt.zero_grad()
+            model(x).float().pow(2).mean().backward()
+            opt.step()
+            prof.step()
+    return path
+
+
+CPU_FACTS = dict(n_params=40000, n_params_non_embedding=36000, n_blocks=2, tokens_per_rank=128)
+
+
+def test_a_cpu_step_replays_to_its_measured_time_and_its_phases_are_found(cpu_trace):
+    graphs = step_graphs(cpu_trace)
+    assert len(graphs) == 4
+    for g in graphs:
+        assert abs(replay_error(g)) < 1e-6, (g.step, replay_error(g))
+        assert {"backward", "optimizer", "zero_grad"} <= set(g.phases)
+        b0, b1 = g.phases["backward"]
+        assert g.start_us < b0 < b1 <= g.start_us + g.measured_us
+        assert set(g.kind) == {HOST}  # no device, no collective
+    # The replay is a model, not a copy: every host leaf twice as long makes the step longer by
+    # their total time (the gaps between them stay as measured).
+    g = copy.deepcopy(graphs[0])
+    work = sum(g.dur_us)
+    g.dur_us = [2 * d for d in g.dur_us]
+    assert replay(g)[0] == pytest.approx(graphs[0].measured_us + work, rel=1e-9)
+
+
+def test_the_h200_step_replays_and_is_bound_by_its_host():
+    _need(H200_TRACE)
+    graphs = step_graphs(H200_TRACE)
+    assert [g.step for g in graphs] == [4, 5]
+    for g in graphs:
+        assert abs(replay_error(g)) < 0.05
+        lanes = set(g.lane)
+        assert "host" in lanes and any(lane.startswith("host thread") for lane in lanes)  # the autograd thread
+        assert any(lane.startswith("stream") for lane in lanes)
+        # The GPU mostly waited for its launches (27 ms of device tasks in 52-59 ms): with every
+        # kernel free the step keeps most of its time (the host's), and kernels twice as long delay
+        # it by less than the device time they add (one stream: it cannot fall further behind).
+        free_gpu = copy.deepcopy(g)
+        free_gpu.dur_us = [0.0 if k == DEVICE else d for d, k in zip(g.dur_us, g.kind)]
+        assert replay(free_gpu)[0] > 0.85 * g.measured_us
+        slow_gpu = copy.deepcopy(g)
+        slow_gpu.dur_us = [2 * d if k == DEVICE else d for d, k in zip(g.dur_us, g.kind)]
+        added = sum(d for d, k in zip(g.dur_us, g.kind) if k == DEVICE)
+        assert 15e3 < added < 30e3  # kernels, copies and sets of the step
+        assert 0 <= replay(slow_gpu)[0] - g.measured_us < added
+        # The step's thread waits for the backward on the autograd thread: that thread's work twice
+        # as long delays the step by most of what it adds (a wait edge, not a measured gap).
+        slow_bwd = copy.deepcopy(g)
+        side = [i for i in range(len(g)) if g.lane[i].startswith("host thread")]
+        for i in side:
+            slow_bwd.dur_us[i] *= 2
+        assert replay(slow_bwd)[0] - g.measured_us > 0.5 * sum(g.dur_us[i] for i in side)
+        # host work twice as long moves it by most of the host time added
+        slow_host = copy.deepcopy(g)
+        slow_host.dur_us = [2 * d if k == HOST else d for d, k in zip(g.dur_us, g.kind)]
+        main = sum(d for d, lane in zip(g.dur_us, g.lane) if lane == "host")  # the step's own thread
+        assert replay(slow_host)[0] - g.measured_us > 0.5 * main
+
+
+def test_a_trace_without_steps_is_one_line(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 2,
+                                                "pid": 1, "tid": 1}]}))
+    with pytest.raises(BadInputError, match="no ProfilerStep#N"):
+        step_graphs(bad)
+
+
+def test_the_ring_model_reproduces_its_fit_at_the_measured_size_and_scales_its_latency_terms():
+    _need(H100_TABLE)
+    net = read_network(H100_TABLE)
+    link = net.links["all_reduce"]
+    assert link.world_size == 16
+    from perfkit.analyse.commfit import fit_alpha_beta
+    from perfkit.ingest import nccl_tests
+    import pandas as pd
+
+    fit = fit_alpha_beta(pd.DataFrame(nccl_tests.parse(H100_TABLE.read_text(), source="x").rows))
+    row = fit[~fit["inplace"]].iloc[0]
+    for size in (2**30, 2**33):
+        assert net.time_s("all_reduce", size, 16) == pytest.approx(row["model_alpha_s"] + row["model_time_per_byte_s"] * size)
+    # 2(p-1) latency hops and 2(p-1)/p of the bytes per rank (Thakur et al. 2005).
+    assert ring_hops("all_reduce", 64) == 126 and ring_hops("all_gather", 64) == 63
+    tiny = net.time_s("all_reduce", 1.0, 64) - net.time_s("all_reduce", 1.0, 16)
+    assert tiny == pytest.approx(link.alpha_hop_s * (126 - 30), rel=1e-6)
+    assert net.time_s("all_gather", 2**30, 8) < net.time_s("all_reduce", 2**30, 8)
+    assert net.time_s("all_reduce", 2**30, 1) == 0.0
+    assert net.extrapolation(16) is None and "4x beyond the 16 ranks" in net.extrapolation(64)
+
+
+def _net_from(alpha_s: float, bus_bytes_per_s: float):
+    """A network of known per-hop latency and bus bandwidth, every op on the same links."""
+    from perfkit.analyse.network_model import Link, NetworkModel
+
+    links = {op: Link(op=op, alpha_hop_s=alpha_s, bus_bytes_per_s=bus_bytes_per_s, world_size=2, min_size_bytes=1, max_size_bytes=1e9,
+                      note="test") for op in ("all_reduce", "all_gather", "reduce_scatter")}
+    return NetworkModel(links=links, source="test")
+
+
+def test_ddp_on_a_cpu_step_exposes_its_last_bucket_and_a_faster_network_hides_it(cpu_trace):
+    g = step_graphs(cpu_trace)[0]
+    base = replay(g)[0] / 1e6
+    slow = _net_from(1e-3, 1e8)
+    facts = ModelFacts(**CPU_FACTS)
+    p = what_if(g, layout="ddp", world_size=4, network=slow, facts=facts)
+    # One bucket (160 kB < 1 MiB), ready when backward ends; on a CPU the host waits for it.
+    t_ar = slow.time_s("all_reduce", 40000 * 4, 4)
+    assert p.collectives == 1 and p.comm_s == pytest.approx(t_ar)
+    # Exposed but for the host work from backward's last op to the optimizer's first, which it
+    # overlaps (some hundred µs on this step, against 8.4 ms of all-reduce).
+    host = g.host_nodes()
+    last_bwd = [i for i in host if g.start_measured_us[i] <= g.phases["backward"][1]][-1]
+    first_opt = [i for i in host if g.start_measured_us[i] >= g.phases["optimizer"][0]][0]
+    overlap_s = (g.start_measured_us[first_opt] - g.start_measured_us[last_bwd] - g.dur_us[last_bwd]) / 1e6
+    assert 0 <= overlap_s < t_ar / 2
+    assert p.exposed_comm_s == pytest.approx(t_ar - overlap_s, abs=1e-6)
+    assert p.step_s == pytest.approx(base + p.exposed_comm_s, rel=1e-6)
+    assert p.scaling_efficiency == pytest.approx(base / p.step_s)
+    fast = what_if(g, layout="ddp", world_size=4, network=_net_from(1e-9, 1e15), facts=facts)
+    assert fast.step_s == pytest.approx(base, rel=1e-3)
+    # More ranks, more hops: never faster.
+    steps = [what_if(g, layout="ddp", world_size=n, network=slow, facts=facts).step_s for n in (2, 8, 64)]
+    assert steps == sorted(steps)
+
+
+def test_zero3_gathers_each_unit_before_its_compute_and_shards_the_optimizer(cpu_trace):
+    g = step_graphs(cpu_trace)[0]
+    facts = ModelFacts(**CPU_FACTS)
+    p = what_if(g, layout="zero3", world_size=2, network=_net_from(1e-9, 1e15), facts=facts)
+    # 3 units (root + 2 blocks): 3 forward gathers, 2 backward (the root stays gathered), 3 reduce-scatters.
+    assert p.collectives == 8
+    opt = g.phases["optimizer"]
+    optimizer_us = sum(d for i, d in enumerate(g.dur_us) if opt[0] <= g.start_measured_us[i] <= opt[1])
+    assert p.step_s == pytest.approx((g.measured_us - optimizer_us / 2) / 1e6, rel=0.01)
+    slow = what_if(g, layout="zero3", world_size=2, network=_net_from(2e-3, 1e9), facts=facts)
+    # Before the first block can run, the root's and the first block's gathers must have landed.
+    assert slow.exposed_comm_s > 2 * 2e-3 and slow.step_s > p.step_s
+
+
+def test_a_base_that_already_communicates_is_refused_for_zero3(cpu_trace):
+    g = copy.deepcopy(step_graphs(cpu_trace)[0])
+    g.add(name="gloo:all_gather", kind=COMM, lane="thread 9", start_us=g.start_us + 10, dur_us=5, op="all_gather")
+    with pytest.raises(BadInputError, match="already runs all_gather"):
+        what_if(g, layout="zero3", world_size=2, network=_net_from(1e-6, 1e9), facts=ModelFacts(**CPU_FACTS))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "perfkit.cli", "predict", *map(str, args)], capture_output=True, text=True)
+
+
+def test_the_h200_llama_step_predicted_at_8_16_64_ranks_on_an_h100_cluster():
+    _need(H200_TRACE)
+    _need(H100_TABLE)
+    run = _cli(H200, "--trace", H200_TRACE, "--config", H200_CONFIG, "--world-sizes", "8,16,64",
+               "--network", H100_TABLE, "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert abs(out["replay"][0]["replay_error"]) < 0.05
+    got = {(p["layout"], p["world_size"]): p for p in out["predictions"]}
+    assert set(got) == {(layout, n) for layout in ("ddp", "zero3") for n in (8, 16, 64)}
+    for p in got.values():
+        assert p["step_ms"] >= p["compute_ms"] > 0 and p["comm_ms"] > 0
+        assert p["step_ms"] == pytest.approx(p["compute_ms"] + p["exposed_comm_ms"])
+        assert p["measured_ms"] is None and "no measured" in p["extrapolation"]
+    assert "4x beyond the 16 ranks" in got[("ddp", 64)]["extrapolation"]
+    assert "beyond" not in got[("ddp", 16)]["extrapolation"]
+    assert got[("ddp", 64)]["comm_ms"] > got[("ddp", 8)]["comm_ms"]
+    text = _cli(H200, "--trace", H200_TRACE, "--config", H200_CONFIG, "--world-sizes", "64", "--network", H100_TABLE)
+    assert text.returncode == 0 and "Thakur" in text.stdout and "! no measured ddp point at 64 ranks" in text.stdout
+
+
+def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not a table\n")
+    _need(H100_TABLE)
+    cases = [
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE), "no traced configurations"),
+        (_cli(tmp_path / "nowhere", "--world-sizes", "8", "--network", H100_TABLE), "no such results directory"),
+        (_cli(tmp_path / "empty", "--world-sizes", "0,x", "--network", H100_TABLE), "--world-sizes"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE, "--layout", "tp"), "--layout"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", junk), "not an nccl-tests"),
+    ]
+    if H200_TRACE.exists():
+        cases.append((_cli(H200, "--trace", H200_TRACE, "--config", H200_CONFIG, "--world-sizes", "8",
+                           "--network", junk), "not an nccl-tests"))
+        cases.append((_cli(H200, "--trace", H200_TRACE, "--config", H200_CONFIG, "--world-sizes", "8",
+                           "--network", tmp_path / "empty"), "no measured collectives"))
+    for run, words in cases:
+        assert run.returncode == 2, (words, run.stdout, run.stderr)
+        assert words in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
