@@ -238,3 +238,81 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
     for run, words in cases:
         assert run.returncode == 2, (words, run.stdout, run.stderr)
         assert words in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_predict_records_its_points_and_the_report_draws_them_beside_the_measured_one(cpu_trace, tmp_path):
+    """A results folder whose one-rank row points at a real trace, and a measured DDP point at 2
+    ranks; a network of gloo-like collectives of known alpha and bus bandwidth."""
+    import pandas as pd
+
+    from perfkit.core.formulas import busbw_factor
+    from perfkit.core.results import load, write_rows
+
+    runs = tmp_path / "runs"
+    common = {"workload": "train_step", "status": "ok", "model": "transformer", "seq_len": 32, "precision": "fp32",
+              "n_params": CPU_FACTS["n_params"], "n_params_non_embedding": CPU_FACTS["n_params_non_embedding"],
+              "model_n_layers": 2}
+    write_rows(pd.DataFrame([
+        {**common, "config_id": "one", "parallelism": "none", "world_size": 1, "batch_size": 4, "step_time_s": 0.02,
+         "trace_path": str(cpu_trace)},
+        {**common, "config_id": "two", "parallelism": "ddp", "world_size": 2, "batch_size": 8, "step_time_s": 0.05},
+    ]), runs / "results" / "train.parquet")
+    alpha_s, bus = 2e-4, 1e9
+    net = pd.DataFrame([{"workload": "collectives", "status": "ok", "op": op, "inplace": False, "world_size": 2,
+                         "size_bytes": size, "time_s": ring_hops(op, 2) * alpha_s + busbw_factor(op, 2) * size / bus}
+                        for op in ("all_reduce", "all_gather", "reduce_scatter") for size in [2**k for k in range(10, 25, 2)]])
+    write_rows(net, tmp_path / "net" / "results" / "collectives.parquet")
+    run = _cli(runs, "--world-sizes", "2,16", "--network", tmp_path / "net", "--record", "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    got = {(p["layout"], p["world_size"]): p for p in out["predictions"]}
+    ddp2 = got[("ddp", 2)]
+    assert ddp2["measured_ms"] == pytest.approx(50.0) and ddp2["error"] == pytest.approx(ddp2["step_ms"] / 50.0 - 1)
+    assert ddp2["comm_ms"] == pytest.approx((2 * alpha_s + CPU_FACTS["n_params"] * 4 / bus) * 1e3, rel=1e-3)
+    assert got[("zero3", 2)]["measured_ms"] is None  # only DDP was measured at 2 ranks
+    assert "8x beyond the 2 ranks" in got[("ddp", 16)]["extrapolation"]
+    rows = load(runs)
+    predicted = rows[rows["workload"] == "prediction"]
+    assert len(predicted) == 4 and set(predicted["layout"]) == {"ddp", "zero3"}
+    assert predicted.loc[predicted["world_size"] == 2, "measured_step_time_s"].notna().sum() == 1
+    # A rerun appends (nothing recorded is replaced); the report keeps the latest of each point.
+    assert _cli(runs, "--world-sizes", "2,16", "--network", tmp_path / "net", "--record").returncode == 0
+    rows = load(runs)
+    assert (rows["workload"] == "prediction").sum() == 8
+    from perfkit.view.plots.scaling import prediction_section
+
+    plot = prediction_section(rows[rows["workload"] == "prediction"])
+    labels = sorted({el.label for el in plot})
+    assert "measured ddp from one" in labels and "predicted zero3 from one" in labels
+    measured = [el for el in plot if el.label == "measured ddp from one"][0]
+    assert list(measured.data["world_size"]) == [2] and measured.data["step_ms"].iloc[0] == pytest.approx(50.0)
+    from perfkit.view.report import write_report
+
+    html = write_report(runs, tmp_path / "report.html").read_text()
+    assert "Predicted scaling (perfkit predict)" in html and "predicted ddp from one" in html
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [
+    {"parallelism": "ddp"}, {"parallelism": "zero3"},
+    {"parallelism": "pp", "pp_schedule": "GPipe", "n_microbatches": 4},
+    {"parallelism": "pp", "pp_schedule": "1F1B", "n_microbatches": 4},
+], ids=["ddp", "zero3", "gpipe", "1f1b"])
+def test_every_rank_of_a_two_rank_gloo_step_replays_within_5_percent(tmp_path, monkeypatch, settings):
+    from perfkit.core.results import CONTEXT_ENV, RunContext
+    from perfkit.measuring.training.config import TrainConfig
+    from perfkit.measuring.training.step import run_training
+
+    ctx = RunContext(results_path=tmp_path / "results" / "cfg.parquet", config_id="cfg")
+    monkeypatch.setenv(CONTEXT_ENV, ctx.to_env())
+    row = run_training(TrainConfig(model="transformer", batch_size=8, seq_len=32, steps=5, warmup_steps=1, profile=True,
+                                   profile_active_steps=2, world_size=2, device="cpu", **settings))
+    assert row["status"] == "ok", row.get("error")
+    for path in row["rank_trace_paths"]:
+        graphs = step_graphs(path)
+        assert len(graphs) == 2
+        for g in graphs:
+            assert abs(replay_error(g)) < 0.05, (path, g.step, replay_error(g))
+        ops = {g.op[i] for g in graphs for i in range(len(g)) if g.op[i]}
+        expected = {"ddp": {"all_reduce"}, "zero3": {"all_gather"}, "pp": {"send", "recv"}}[settings["parallelism"]]
+        assert ops & expected, ops  # the collectives (or a pipeline's transfers) are in the graph

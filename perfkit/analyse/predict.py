@@ -218,7 +218,7 @@ def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkMo
     if layout not in LAYOUTS:
         raise BadInputError(f"--layout {layout!r}: predicted layouts are {', '.join(LAYOUTS)}")
     ran = sorted({str(base.op[i]) for i in range(len(base)) if base.kind[i] == COMM})
-    if ran and (layout != "ddp" or ran != ["all_reduce"]):
+    if ran and (layout != "ddp" or "all_reduce" not in ran or not set(ran) <= {"all_reduce", "broadcast"}):
         raise BadInputError(f"{base.path}: the step already runs {', '.join(ran)}: predict {layout} from a configuration "
                             "without collectives, or DDP from DDP on one rank")
     base_s = replay(base)[0] / 1e6

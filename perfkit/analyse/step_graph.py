@@ -225,9 +225,11 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
             if prev < 0 and lane != HOST and last_on.get(HOST, -1) >= 0:  # a side lane starts from the step's thread
                 issue = last_on[HOST]
                 offset = start - g.start_measured_us[issue]
-            n = g.add(name=_name(ev, i), kind=HOST, lane=lane, start_us=start, dur_us=max(0.0, work),
+            name = _name(ev, i)
+            n = g.add(name=name, kind=HOST, lane=lane, start_us=start, dur_us=max(0.0, work),
                       lane_prev=prev, lane_gap_us=gap, issue=issue, issue_offset_us=offset, waits=waits,
-                      end_wait=end_wait, end_tail_us=end_tail)
+                      end_wait=end_wait, end_tail_us=end_tail,
+                      op=name.split(":", 1)[1] if _COMM_NAME_RE.match(name) else None)  # gloo's send, recv: the host's
             lane_end[lane] = max(end, prev_end)
             if lane != HOST:
                 side_nodes.append(n)

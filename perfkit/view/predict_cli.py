@@ -53,6 +53,9 @@ def add_predict_command(sub, read_network) -> None:
     p.add_argument("--config", metavar="ID", help="the base configuration (default: DIR's one-rank traced ones)")
     p.add_argument("--blocks", type=int, help="ZeRO-3 units besides the root (default: the rows' layer count)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--record", action="store_true",
+                   help="also add the predictions to DIR as rows (workload prediction): the report draws them "
+                        "beside the measured points")
     p.set_defaults(func=run_predict, read_network=read_network)
 
 
@@ -179,11 +182,40 @@ def run_predict(args) -> int:
                      f"step {profiled_s * 1e3:.2f} ms" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
                                                          if isinstance(measured_base, float) and measured_base == measured_base else ""))
     result = {"replay": replays, "predictions": predictions, "network": network.assumptions(), "notes": notes}
+    if args.record and predictions:
+        result["recorded"] = str(_record(directory, predictions, network.source))
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
         print(_render(result))
     return 0
+
+
+def _record(directory: Path, predictions: list[dict], network_source: str) -> Path:
+    """Append the predictions to ``DIR/results/predict-<digest>.parquet`` (one file per base and
+    network; a rerun appends, with its own ``predicted_at``: nothing recorded is replaced)."""
+    import hashlib
+    import time
+
+    from ..core.results import write_rows
+
+    bases = sorted({p["base"] for p in predictions})
+    digest = hashlib.sha256(json.dumps([bases, network_source]).encode()).hexdigest()[:12]
+    now = time.time()
+    frame = pd.DataFrame([{
+        "workload": "prediction", "status": "ok", "config_id": f"predict-{digest}", "layout": p["layout"],
+        "parallelism": p["layout"], "world_size": p["world_size"], "base_config": p["base"],
+        "network_source": network_source, "predicted_at_unix_s": now,
+        "predicted_step_time_s": p["step_ms"] / 1e3, "predicted_compute_time_s": p["compute_ms"] / 1e3,
+        "predicted_exposed_comm_time_s": p["exposed_comm_ms"] / 1e3, "predicted_comm_time_s": p["comm_ms"] / 1e3,
+        "predicted_tokens_per_s": p["tokens_per_s"], "predicted_scaling_efficiency": p["scaling_efficiency"],
+        "measured_step_time_s": (p["measured_ms"] / 1e3) if p["measured_ms"] is not None else float("nan"),
+        "prediction_error": p["error"] if p["error"] is not None else float("nan"),
+        "extrapolation": p["extrapolation"], "assumptions": json.dumps(p["assumptions"]),
+    } for p in predictions])
+    path = directory / "results" / f"predict-{digest}.parquet"
+    write_rows(frame, path)
+    return path
 
 
 def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
@@ -220,6 +252,8 @@ def _render(result: dict) -> str:
     seen = []
     for p in result["predictions"]:
         seen += [a for a in p["assumptions"] if a not in seen]
+    if result.get("recorded"):
+        lines.append(f"recorded: {result['recorded']} (perfkit report draws it beside the measured points)")
     lines += ["", "assumptions:"] + [f"  - {a}" for a in result["network"] + seen + result["notes"]]
     lines.append("  - not modelled: tensor and pipeline parallelism (bubble 0), the wrappers' host work beyond the base's, "
                  "compute slowed by collectives sharing its cores or memory, stragglers")

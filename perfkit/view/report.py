@@ -233,6 +233,8 @@ SECTIONS: list[Section] = [
     Section(title="Data loading: throughput vs workers, data wait, stalls", select=_workload("dataloader"),
             build=_lazy("plots.dataloading", "dataloading_section")),
     Section(title="Scaling efficiency", select=_workload("scaling"), build=_lazy("plots.scaling", "scaling_section")),
+    Section(title="Predicted scaling (perfkit predict)", select=_workload("prediction"),
+            build=_lazy("plots.scaling", "prediction_section")),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
     Section(title="Collective knob settings", select=_workload("collectives"),
@@ -294,6 +296,7 @@ def _failures(df: pd.DataFrame) -> str:
 def _environment(df: pd.DataFrame) -> str:
     if "env_json" not in df:
         return ""
+    df = df[df["env_json"].notna()]  # derived rows (perfkit predict's) ran no environment
     fps = df.drop_duplicates("env_fingerprint_id")
     warn = ""
     mixed = [k for k in _COMPARABILITY_KEYS if k in df and df[k].nunique(dropna=False) > 1]

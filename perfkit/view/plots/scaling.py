@@ -15,7 +15,7 @@ import pandas as pd
 from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars",
-           "scaling_section"]
+           "scaling_section", "prediction_section"]
 
 _BASELINES = {"none": "no wrapper", "wrapper": "wrapper on 1 rank"}
 _SERIES = ("parallelism", "scaling_mode")
@@ -194,3 +194,40 @@ def scaling_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None):
     return hv.Layout([efficiency_vs_world_size(df, series=series),
                       throughput_vs_world_size(df, series=series),
                       breakdown_bars(df, series=series)]).cols(1)
+
+
+def prediction_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None):
+    """``perfkit predict --record``'s rows: the predicted step time against world size (dashed,
+    one line per layout, base and network; the latest prediction of each point), the measured step
+    at the same point beside it where the folder has one (filled markers, the error in the hover)."""
+    hv = hv_bokeh()
+    rows = ok_rows(rows)
+    keys = ["base_config", "network_source", "layout", "world_size"]
+    if rows.empty or any(k not in rows for k in keys + ["predicted_step_time_s"]):
+        return hv.Div("<p>No predictions.</p>")
+    rows = rows.sort_values("predicted_at_unix_s").drop_duplicates(keys, keep="last")
+    hover = [("series", "@series"), ("world size", "@world_size"), ("step", "@step_ms{0.000} ms"),
+             ("error", "@error{+0.0%}"), ("note", "@note")]
+    elements = []
+    for (base, network, layout), group in rows.groupby(keys[:3], sort=True):
+        group = group.sort_values("world_size")
+        label = f"{layout} from {str(base).split('/')[0]}"
+        predicted = pd.DataFrame({"world_size": group["world_size"].astype(int),
+                                  "step_ms": group["predicted_step_time_s"] * 1e3, "series": f"predicted {label}",
+                                  "error": group.get("prediction_error", float("nan")),
+                                  "note": group.get("extrapolation", "").fillna("")})
+        elements.append(hv.Curve(predicted, "world_size", ["step_ms", "series", "error", "note"],
+                                 label=f"predicted {label}").opts(line_dash="dashed"))
+        elements.append(hv.Scatter(predicted, "world_size", ["step_ms", "series", "error", "note"],
+                                   label=f"predicted {label}").opts(tools=["hover"], hover_tooltips=hover, size=7,
+                                                                    marker="circle", fill_alpha=0.0))
+        measured = predicted.assign(step_ms=group["measured_step_time_s"].to_numpy() * 1e3,
+                                    series=f"measured {label}").dropna(subset=["step_ms"])
+        if len(measured):
+            elements.append(hv.Scatter(measured, "world_size", ["step_ms", "series", "error", "note"],
+                                       label=f"measured {label}").opts(tools=["hover"], hover_tooltips=hover,
+                                                                       size=10, marker="diamond"))
+    return hv.Overlay(elements).opts(
+        hv.opts.Overlay(title="Predicted step time (dashed, hollow: perfkit predict; diamonds: measured at the same point)",
+                        xlabel="world size (ranks)", ylabel="step time (ms)", logx=True,
+                        width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))
