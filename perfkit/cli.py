@@ -318,9 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_trace_command(sub)
     from .ingest.network import read_network
+    from .measuring.training.fit_command import memory_checker
     from .view.predict_cli import add_predict_command
 
-    add_predict_command(sub, read_network)
+    add_predict_command(sub, read_network, memory_checker)
     from .view.query import add_query_command
 
     add_query_command(sub)

@@ -240,13 +240,13 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
         assert words in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
-def test_predict_records_its_points_and_the_report_draws_them_beside_the_measured_one(cpu_trace, tmp_path):
-    """A results folder whose one-rank row points at a real trace, and a measured DDP point at 2
-    ranks; a network of gloo-like collectives of known alpha and bus bandwidth."""
+def _folders(tmp_path: Path, trace: Path, alpha_s: float = 2e-4, bus: float = 1e9) -> tuple[Path, Path]:
+    """A results folder whose one-rank row points at a real trace, with a measured DDP point at 2
+    ranks; and a network folder of gloo-like collectives of known alpha and bus bandwidth."""
     import pandas as pd
 
     from perfkit.core.formulas import busbw_factor
-    from perfkit.core.results import load, write_rows
+    from perfkit.core.results import write_rows
 
     runs = tmp_path / "runs"
     common = {"workload": "train_step", "status": "ok", "model": "transformer", "seq_len": 32, "precision": "fp32",
@@ -254,14 +254,21 @@ def test_predict_records_its_points_and_the_report_draws_them_beside_the_measure
               "model_n_layers": 2}
     write_rows(pd.DataFrame([
         {**common, "config_id": "one", "parallelism": "none", "world_size": 1, "batch_size": 4, "step_time_s": 0.02,
-         "trace_path": str(cpu_trace)},
+         "trace_path": str(trace)},
         {**common, "config_id": "two", "parallelism": "ddp", "world_size": 2, "batch_size": 8, "step_time_s": 0.05},
     ]), runs / "results" / "train.parquet")
-    alpha_s, bus = 2e-4, 1e9
     net = pd.DataFrame([{"workload": "collectives", "status": "ok", "op": op, "inplace": False, "world_size": 2,
                          "size_bytes": size, "time_s": ring_hops(op, 2) * alpha_s + busbw_factor(op, 2) * size / bus}
                         for op in ("all_reduce", "all_gather", "reduce_scatter") for size in [2**k for k in range(10, 25, 2)]])
     write_rows(net, tmp_path / "net" / "results" / "collectives.parquet")
+    return runs, tmp_path / "net"
+
+
+def test_predict_records_its_points_and_the_report_draws_them_beside_the_measured_one(cpu_trace, tmp_path):
+    from perfkit.core.results import load
+
+    alpha_s, bus = 2e-4, 1e9
+    runs, _ = _folders(tmp_path, cpu_trace, alpha_s, bus)
     run = _cli(runs, "--world-sizes", "2,16", "--network", tmp_path / "net", "--record", "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
@@ -316,3 +323,18 @@ def test_every_rank_of_a_two_rank_gloo_step_replays_within_5_percent(tmp_path, m
         ops = {g.op[i] for g in graphs for i in range(len(g)) if g.op[i]}
         expected = {"ddp": {"all_reduce"}, "zero3": {"all_gather"}, "pp": {"send", "recv"}}[settings["parallelism"]]
         assert ops & expected, ops  # the collectives (or a pipeline's transfers) are in the graph
+
+
+def test_memory_per_rank_beside_each_prediction_says_when_it_does_not_fit(cpu_trace, tmp_path):
+    runs, net = _folders(tmp_path, cpu_trace)
+    run = _cli(runs, "--world-sizes", "2,8", "--network", net, "--layout", "zero3", "--device", "h100", "--json")
+    assert run.returncode == 0, run.stderr
+    got = {p["world_size"]: p for p in json.loads(run.stdout)["predictions"]}
+    # perfkit fit's fake-tensor step of the row's model at each layout: ZeRO-3 shards the state.
+    assert all(p["fits"] is True and p["memory_peak_bytes_per_rank"] > 0 for p in got.values())
+    assert got[8]["memory_peak_bytes_per_rank"] < got[2]["memory_peak_bytes_per_rank"]
+    assert "H100" in got[2]["memory_budget_source"] and "10% headroom" in got[2]["memory_budget_source"]
+    small = _cli(runs, "--world-sizes", "2", "--network", net, "--layout", "zero3", "--memory-bytes", "64KB")
+    assert small.returncode == 0 and "DOES NOT FIT" in small.stdout, small.stdout
+    bad = _cli(runs, "--world-sizes", "2", "--network", net, "--device", "nonesuch")
+    assert bad.returncode == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -152,17 +152,21 @@ def test_a_profiled_training_sweep_leaves_a_trace_per_configuration_and_rank_ana
         # step N, whose batch fetch and timed step are samples[N - warmup_steps] (slowest rank).
         per_step = data_wait_share(paths)
         assert len(per_step) and (per_step["data_wait_time_s"] >= 0.03 * 0.98).all()
-        sum_data = sum_all = 0.0
         for rank_step in per_step.itertuples():
             i = rank_step.step - 1  # warmup_steps = 1
             data, step = row.data_time_samples_s[i], row.step_time_samples_s[i]
             # The row's samples are the slowest rank's: a rank's own fetch is at most that long.
             assert rank_step.data_wait_time_s <= data + 0.002, (rank_step, data)
             if row.world_size == 1:  # one rank: the row's clocks are this rank's own
-                assert abs(rank_step.data_wait_share - data / (data + step)) <= 0.05, (rank_step, data, step)
-                sum_data, sum_all = sum_data + data, sum_all + data + step
-        if row.world_size == 1:
-            assert abs(row.trace_data_wait_share - sum_data / sum_all) <= 0.05
+                # The trace's wait is the fetch perfkit timed. (Not the share: a ProfilerStep also
+                # spans the profiler's own step and the loop between the timed parts, 15 ms more
+                # than fetch + step on a loaded CI host, which moved the share by 0.13.)
+                assert abs(rank_step.data_wait_time_s - data) <= 0.002 + 0.1 * data, (rank_step, data, step)
+                assert rank_step.step_time_s >= data + step - 0.002, (rank_step, data, step)
+        # The row's share is the traces': each rank's data waits over its steps, averaged over ranks.
+        by_rank = per_step.groupby("rank")[["data_wait_time_s", "step_time_s"]].sum()
+        share = float((by_rank["data_wait_time_s"] / by_rank["step_time_s"]).mean())
+        assert abs(row.trace_data_wait_share - share) <= 0.01, (row.trace_data_wait_share, share)
         assert row.trace_top_kernel  # a CPU trace: its top CPU op
     assert len(list((out / "traces").rglob("rank*.json.gz"))) == 1 + 1 + 2 + 2
 

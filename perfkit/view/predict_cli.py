@@ -39,9 +39,11 @@ _ALIASES = {"ddp": ("ddp",), "zero3": ("zero3", "fsdp")}
 _BASES = {"ddp": ("ddp", "none"), "zero3": ("zero3", "fsdp", "none")}
 
 
-def add_predict_command(sub, read_network) -> None:
-    """Register ``perfkit predict``; ``read_network(path)`` reads ``--network`` (the CLI passes
-    :func:`perfkit.ingest.network.read_network`: a view does not import the readers)."""
+def add_predict_command(sub, read_network, memory_checker) -> None:
+    """Register ``perfkit predict``; ``read_network(path)`` reads ``--network`` and
+    ``memory_checker(device, memory_bytes)`` makes the per-rank memory check (the CLI passes
+    :func:`perfkit.ingest.network.read_network` and
+    :func:`perfkit.measuring.training.fit_command.memory_checker`: a view imports neither)."""
     p = sub.add_parser("predict", help="predict DDP and ZeRO-3 steps at other world sizes from a one-rank trace",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", metavar="DIR", help="a results directory with profiled training configurations")
@@ -52,11 +54,14 @@ def add_predict_command(sub, read_network) -> None:
     p.add_argument("--trace", metavar="FILE", help="the base's trace, where DIR's rows point elsewhere (a copied folder)")
     p.add_argument("--config", metavar="ID", help="the base configuration (default: DIR's one-rank traced ones)")
     p.add_argument("--blocks", type=int, help="ZeRO-3 units besides the root (default: the rows' layer count)")
+    p.add_argument("--device", metavar="NAME", help="beside each prediction, the peak memory per rank on fake tensors "
+                   "(as perfkit fit) against this device's memory (h100, mi300x...): a prediction that does not fit says so")
+    p.add_argument("--memory-bytes", metavar="SIZE", help="the device's memory, where --device is not in the spec table")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--record", action="store_true",
                    help="also add the predictions to DIR as rows (workload prediction): the report draws them "
                         "beside the measured points")
-    p.set_defaults(func=run_predict, read_network=read_network)
+    p.set_defaults(func=run_predict, read_network=read_network, memory_checker=memory_checker)
 
 
 def _ints(text: str) -> list[int]:
@@ -128,6 +133,8 @@ def run_predict(args) -> int:
     if args.trace and not Path(args.trace).is_file():
         raise BadInputError(f"--trace {args.trace}: no such trace file")
     network = args.read_network(args.network)
+    check = (args.memory_checker(args.device, args.memory_bytes)
+             if args.device or args.memory_bytes else None)
     rows = load(directory)
     if rows.empty or "trace_path" not in rows.columns:
         raise BadInputError(f"{directory}: no traced configurations: run train_step.ipynb with -p profile true")
@@ -177,6 +184,8 @@ def run_predict(args) -> int:
                 near = min(ws, key=lambda w: abs(w - p)) if ws else None
                 far = f"no measured {layout} point at {p} ranks" + (f"; the nearest measured world size is {near} ({p / near:g}x)" if near else "")
                 out["extrapolation"] = "; ".join(x for x in (far, out["extrapolation"]) if x)
+            if check is not None:
+                out.update(check(base.row, parallelism=layout, world_size=p, batch_size=int(per_rank * p)))
             predictions.append(out)
         notes.append(f"{layout}: base {base.config_id} ({base.row.get('parallelism')}, 1 rank, batch {per_rank:g}): profiled "
                      f"step {profiled_s * 1e3:.2f} ms" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
@@ -212,6 +221,7 @@ def _record(directory: Path, predictions: list[dict], network_source: str) -> Pa
         "measured_step_time_s": (p["measured_ms"] / 1e3) if p["measured_ms"] is not None else float("nan"),
         "prediction_error": p["error"] if p["error"] is not None else float("nan"),
         "extrapolation": p["extrapolation"], "assumptions": json.dumps(p["assumptions"]),
+        "memory_peak_bytes_per_rank": p.get("memory_peak_bytes_per_rank"), "memory_fits": p.get("fits"),
     } for p in predictions])
     path = directory / "results" / f"predict-{digest}.parquet"
     write_rows(frame, path)
@@ -249,6 +259,11 @@ def _render(result: dict) -> str:
                      f"{p['compute_ms']:>9.2f}{p['exposed_comm_ms']:>9.2f}{p['comm_ms']:>8.2f}{meas:>10}{err:>8}")
         if p["extrapolation"]:
             lines.append(f"{'':13}! {p['extrapolation']}")
+        if "fits" in p:
+            peak = p["memory_peak_bytes_per_rank"]
+            lines.append(f"{'':13}memory: " + (f"{peak / 2**30:.2f} GiB per rank of {p['memory_budget_bytes'] / 2**30:.1f} GiB: "
+                                               + ("fits" if p["fits"] else "DOES NOT FIT") if peak is not None
+                                               else f"not predicted ({p['memory_reason']})"))
     seen = []
     for p in result["predictions"]:
         seen += [a for a in p["assumptions"] if a not in seen]

@@ -17,7 +17,7 @@ import time
 from perfkit.core.errors import BadInputError
 from perfkit.core.specs import SPEC_TABLE, spec_peaks
 
-__all__ = ["add_fit_command", "run_fit", "parse_bytes", "device_budget"]
+__all__ = ["add_fit_command", "run_fit", "parse_bytes", "device_budget", "memory_checker"]
 
 HELP = """\
 Predicts one training step's memory per rank for MODEL without a GPU: perfkit's own training
@@ -75,6 +75,36 @@ def device_budget(device: str | None, memory_bytes: str | None) -> tuple[int, st
         raise BadInputError(f"unknown device {device!r}: its memory is not in perfkit's spec table "
                             f"(known: {known}); give --memory-bytes SIZE")
     return int(row.memory_bytes), f"{row.model}, {row.memory_bytes / 1e9:.0f} GB ({row.source})"
+
+
+def memory_checker(device: str | None, memory_bytes: str | None, headroom: float = 0.10):
+    """``perfkit predict --device``: a function of a measured row and another layout that predicts
+    the step's peak per rank on fake tensors (as ``perfkit fit``) against the device's memory less
+    ``headroom``. The device is checked here, before any work (an unknown one is bad input)."""
+    device_bytes, source = device_budget(device, memory_bytes)
+    budget = device_bytes * (1 - headroom)
+
+    def check(row: dict, *, parallelism: str, world_size: int, batch_size: int) -> dict:
+        from perfkit.measuring.training import memory_fit
+        from perfkit.measuring.training.config import TrainConfig
+
+        size = row.get("model_size")
+        size = json.loads(size) if isinstance(size, str) and size else (size if isinstance(size, dict) else {})
+        seq = row.get("seq_len")
+        out = {"memory_budget_bytes": budget, "memory_budget_source": f"{source}, less {headroom:.0%} headroom"}
+        try:
+            cfg = TrainConfig(model=str(row.get("model")), model_size=size, model_path=row.get("model_path") or None,
+                              batch_size=int(batch_size), precision=str(row.get("precision") or "fp32"),
+                              parallelism=parallelism, world_size=int(world_size), device="cpu", count_flops=False,
+                              **({"seq_len": int(seq)} if isinstance(seq, (int, float)) and seq == seq else {}))
+            reason = memory_fit.fit_reason(cfg)
+            peak = None if reason else memory_fit.predict(cfg).peak_bytes
+        except (BadInputError, ValueError, TypeError, RuntimeError) as exc:  # a model this host cannot build
+            peak, reason = None, f"{type(exc).__name__}: {exc}"
+        return {**out, "memory_peak_bytes_per_rank": peak, "memory_reason": reason,
+                "fits": None if peak is None else bool(peak <= budget)}
+
+    return check
 
 
 def _value(text: str):
