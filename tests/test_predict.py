@@ -141,7 +141,7 @@ def _net_from(alpha_s: float, bus_bytes_per_s: float):
     """A network of known per-hop latency and bus bandwidth, every op on the same links."""
     from perfkit.analyse.network_model import Link, NetworkModel
 
-    links = {op: Link(op=op, alpha_hop_s=alpha_s, bus_bytes_per_s=bus_bytes_per_s, world_size=2, min_size_bytes=1, max_size_bytes=1e9,
+    links = {op: Link(op=op, alpha_hop_s=alpha_s, bus_bytes_per_s=bus_bytes_per_s, world_size=2,
                       note="test") for op in ("all_reduce", "all_gather", "reduce_scatter")}
     return NetworkModel(links=links, source="test")
 

@@ -50,8 +50,6 @@ class Link:
     alpha_hop_s: float
     bus_bytes_per_s: float
     world_size: int
-    min_size_bytes: float
-    max_size_bytes: float
     note: str
 
 
@@ -66,15 +64,14 @@ class NetworkModel:
         An op not measured is costed from those that were: an all-reduce as a reduce-scatter then
         an all-gather (the ring all-reduce is exactly that, Thakur et al. §4.4), an all-gather or a
         reduce-scatter on the other's links, else on the all-reduce's."""
+        hops = ring_hops(op, world_size)  # refuses an op without a ring model
         if world_size <= 1 or size_bytes <= 0:
             return 0.0
-        if op not in _MODELLED:
-            raise BadInputError(f"no ring model for {op!r}; modelled: {', '.join(_MODELLED)}")
         if op not in self.links and op == "all_reduce":
             return self.time_s("reduce_scatter", size_bytes, world_size) + self.time_s("all_gather", size_bytes, world_size)
         link = self.links.get(op) or self.links.get("all_gather" if op == "reduce_scatter" else "reduce_scatter") \
             or self.links["all_reduce"]
-        return (ring_hops(op, world_size) * link.alpha_hop_s
+        return (hops * link.alpha_hop_s
                 + busbw_factor(op, world_size) * size_bytes / link.bus_bytes_per_s)
 
     @property
@@ -127,9 +124,7 @@ def _links_from_fits(fits: pd.DataFrame, source: str) -> dict[str, Link]:
         if resolved:
             note += f" ({' and '.join(resolved)} not resolved by the sizes measured: the fit's curve is used)"
         links[str(op)] = Link(op=str(op), alpha_hop_s=a / ring_hops(op, p0),
-                              bus_bytes_per_s=busbw_factor(op, p0) / c, world_size=p0,
-                              min_size_bytes=float(row["min_size_bytes"]), max_size_bytes=float(row["max_size_bytes"]),
-                              note=note)
+                              bus_bytes_per_s=busbw_factor(op, p0) / c, world_size=p0, note=note)
     return links
 
 

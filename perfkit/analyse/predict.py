@@ -80,8 +80,8 @@ class Prediction:
 def _compute_nodes(g: StepGraph) -> list[int]:
     """What the collectives wait for and what waits for them: the device's tasks where the step
     ran on a device, else the host's leaves (on a CPU the ops are the compute)."""
-    nodes = [i for i in g.order() if g.kind[i] == DEVICE]
-    return nodes or [i for i in g.order() if g.kind[i] == HOST]
+    order = g.order()
+    return [i for i in order if g.kind[i] == DEVICE] or [i for i in order if g.kind[i] == HOST]
 
 
 def _time_key(g: StepGraph, i: int) -> float:
@@ -104,8 +104,7 @@ class _Editor:
         return self.nodes[max(k, 0)]
 
     def after(self, t_us: float) -> int | None:
-        """The first compute node issued at or after ``t_us``, and the first host leaf of the
-        step's thread then too (the host blocks where the wrapper waits on a CPU)."""
+        """The first compute node issued at or after ``t_us`` (None past the last)."""
         k = int(np.searchsorted(self.keys, t_us, side="left"))
         return self.nodes[k] if k < len(self.nodes) else None
 
@@ -155,7 +154,6 @@ def _ddp(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
         sizes.append(size)
         left -= size
     measured = [i for i in e.g.order() if e.g.kind[i] == COMM and e.g.op[i] == "all_reduce"]
-    done, last = 0.0, None
     if measured:  # the wrapper ran on one rank: its all-reduces as issued, re-costed at p ranks
         share = [total / len(measured)] * len(measured) if len(measured) != len(sizes) else sizes
         for i, size in zip(measured, share):
@@ -166,6 +164,7 @@ def _ddp(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
         how = (f"the {len(measured)} all-reduces the one-rank trace issued, re-costed"
                + ("" if len(measured) == len(sizes) else f" with the gradients split evenly among them ({len(sizes)} buckets expected)"))
     else:
+        done = 0.0
         for size in sizes:
             done += size
             ready = b0 + (b1 - b0) * done / total
@@ -173,7 +172,7 @@ def _ddp(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
                                 after=e.before(ready), at_us=ready)
         how = "added as the gradients become ready: evenly in bytes over the measured backward"
     waiter = e.after(opt[0] if opt else b1)
-    if waiter is not None and waiter < len(e.g) and e.g.start_measured_us[waiter] > e.g.start_measured_us[last]:
+    if waiter is not None and e.g.start_measured_us[waiter] > e.g.start_measured_us[last]:
         e.wait(waiter, last)
     return [f"DDP: {how}; {len(sizes)} gradient buckets ({total / 2**20:.3g} MiB of {facts.grad_bytes}-byte gradients, "
             f"first 1 MiB then {facts.bucket_cap_mb:g} MiB); the optimizer waits for the last"]
@@ -187,13 +186,11 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
     n = len(units)
     fwd = [f0 + (b0 - f0) * k / n for k in range(n + 1)]
     bwd = [b0 + (b1 - b0) * k / n for k in range(n + 1)]
-    gathers = []
     for k, params in enumerate(units):  # forward: unit k's gather issued as unit k-1 starts
         issue = fwd[max(k - 1, 0)]
         ag = e.collective(op="all_gather", lane="zero3 all_gather", size_bytes=params * facts.param_bytes,
                           world_size=p, network=net, after=e.before(issue) if k else None, at_us=issue)
         e.wait(e.after(fwd[k]), ag)
-        gathers.append(ag)
     last = None
     for j, params in enumerate(reversed(units)):  # backward: the root's parameters stay gathered
         if not (n > blocks and j == n - 1):  # the root is not resharded after forward

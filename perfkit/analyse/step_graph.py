@@ -159,14 +159,17 @@ def _phase(ev: TraceEvents, in_step: np.ndarray, prefix: str) -> tuple[float, fl
 def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
     s0, s1 = float(ev.ts_us[row]), float(ev.ts_us[row] + ev.dur_us[row])
     pid, tid = ev.pid[row], ev.tid[row]
-    cat = np.array([ev.names[c] for c in ev.cat_id], dtype=object)
+    def is_cat(*names: str) -> np.ndarray:  # by category id: no per-event strings
+        return np.isin(ev.cat_id, ev.ids_of(lambda c: c in names))
+
     in_step = (ev.ts_us >= s0) & (ev.ts_us < s1)
-    comm = np.flatnonzero((cat == "user_annotation") & in_step & ~((ev.pid == pid) & (ev.tid == tid)))
+    comm = np.flatnonzero(is_cat("user_annotation") & in_step & ~((ev.pid == pid) & (ev.tid == tid)))
     comm = [int(i) for i in comm if _COMM_NAME_RE.match(_name(ev, i))]
     comm_threads = {int(ev.tid[i]) for i in comm}
     # The step's thread, and every other thread of its process that ran ops in the step (the
     # autograd engine's device threads run a GPU backward), each one host lane of its leaves.
-    host_cats = np.isin(cat, ["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"])
+    host_cats = is_cat("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function")
+    runtime = is_cat("cuda_runtime", "cuda_driver")
     lanes = [int(tid)] + sorted({int(t) for t in ev.tid[in_step & (ev.pid == pid) & host_cats]}
                                - {int(tid)} - comm_threads)
     host_rows: list[int] = []
@@ -187,8 +190,8 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
                                               ("zero_grad", _phase(ev, in_step, "Optimizer.zero_grad#")))
                 if span is not None}
     launch_of = {int(ev.correlation[i]): i for i in host_rows
-                 if cat[i] in ("cuda_runtime", "cuda_driver") and ev.correlation[i] >= 0}
-    device = [int(i) for i in np.flatnonzero(np.isin(cat, _DEVICE_CATS) & (ev.stream >= 0))
+                 if runtime[i] and ev.correlation[i] >= 0}
+    device = [int(i) for i in np.flatnonzero(is_cat(*_DEVICE_CATS) & (ev.stream >= 0))
               if int(ev.correlation[i]) in launch_of]
     # One pass over every event in measured start order: hosts, devices, collectives.
     events = sorted([(float(ev.ts_us[i]), 0, i) for i in host_rows] + [(float(ev.ts_us[i]), 1, i) for i in device]

@@ -101,19 +101,16 @@ def _facts(row: dict, blocks: int | None, notes: list[str]):
 
 
 def _traced(rows: pd.DataFrame, directory: Path, trace: str | None, config: str | None):
-    from .trace_report import traced_runs
+    from .trace_report import TracedRun, traced_runs
 
     runs = traced_runs(rows, directory)
     if config:
-        runs = [r for r in runs if r.config_id == config] or [r for r in traced_runs(rows[rows["config_id"] == config])]
+        runs = [r for r in runs if r.config_id == config]
     if trace:
-        chosen = runs if config else [r for r in runs]
-        if len({r.config_id for r in chosen}) != 1:
+        if len({r.config_id for r in runs}) != 1:
             raise BadInputError(f"--trace {trace}: name its configuration with --config (traced in {directory}: "
                                 f"{', '.join(sorted({r.config_id for r in runs})) or 'none'})")
-        from .trace_report import TracedRun
-
-        r = chosen[0]
+        r = runs[0]
         runs = [TracedRun(config_id=r.config_id, run=r.run, paths=(Path(trace),), row=r.row)]
     return runs
 
