@@ -123,6 +123,23 @@ def test_busy_share_is_measuring_over_wall_per_slot():
     assert busy_share([], wall_s=1.0, overlap=False).share is None
 
 
+def test_allocations_busy_share_is_measuring_over_held_not_over_the_queue(tmp_path):
+    """Slurm/Ray: Σ windows ÷ Σ allocations, the sweep's wall (queue wait) printed but not divided by;
+    an allocation that never measured still counts as held."""
+    from perfkit.run.sweep.busy import allocation_share, append_summary
+
+    busy = allocation_share([("7_0", 4.0, 10.0, 13.0), ("7_1", 6.0, 20.0, 21.5), ("7_2", 2.0, None, None),
+                             ("7_3", None, None, None)], wall_s=100.0, executor="Slurm", held_from="sacct")
+    assert busy.share == pytest.approx((3.0 + 1.5) / 12.0) and busy.configs == 2
+    assert busy.per_slot == {"7_0": pytest.approx(0.75), "7_1": pytest.approx(0.25), "7_2": 0.0}
+    line = busy.line()
+    assert line.startswith("device busy 0.38 of 3 Slurm allocations' 12.0 s held (sacct): 4.5 s measuring")
+    assert "lowest 0.00, highest 0.75" in line and "100.0 s wall includes queue wait, not counted" in line
+    append_summary(tmp_path, busy)
+    (back,) = read_summaries(tmp_path)
+    assert (back.held_s, back.executor, back.share) == (busy.held_s, "Slurm", pytest.approx(busy.share))
+
+
 @pytest.mark.slow
 def test_a_prestarted_kernel_runs_its_configurations_warm_up_before_it_measures(tmp_path):
     # The notebook's metadata perfkit.warm: called in the prestarted kernel with the configuration's

@@ -30,6 +30,7 @@ import perfkit
 from conftest import REPO, sigint_default
 from perfkit.run import _teardown
 from perfkit.run.sweep import Ledger
+from perfkit.run.sweep.busy import read_summaries
 
 pytestmark = pytest.mark.slow
 
@@ -163,6 +164,15 @@ def test_two_configurations_never_share_a_device(ray_address, tmp_path):
     seen = [json.loads(j)["env_vars"] for j in perfkit.load(tmp_path / "out")["env_json"]]
     assert sorted(v["CUDA_VISIBLE_DEVICES"] for v in seen) in (["0", "0", "0", "1", "1"], ["0", "0", "1", "1", "1"])
     assert all(v["HIP_VISIBLE_DEVICES"] == v["CUDA_VISIBLE_DEVICES"] for v in seen)
+    # Issue 45: each task's allocation is its attempt; the busy share is Σ windows ÷ Σ attempts.
+    busy = read_summaries(tmp_path / "out")[-1]
+    assert busy.executor == "Ray" and len(busy.held_s) == 5 and busy.configs == 5
+    windows = {e.config_id: (e.window_end - e.window_start, e.end - e.start)
+               for e in Ledger(tmp_path / "out").events() if e.status == "ok"}
+    for cid, (window_s, attempt_s) in windows.items():
+        assert busy.measured_s[cid] == pytest.approx(window_s) and busy.held_s[cid] == pytest.approx(attempt_s)
+        assert 1.5 <= window_s <= attempt_s
+    assert f"device busy {busy.share:.2f} of 5 Ray allocations'" in ran.stdout
 
 
 def test_a_timeout_leaves_no_process_and_a_killed_worker_ends_killed_then_resumes_ok(ray_address, tmp_path):

@@ -24,6 +24,7 @@ import perfkit
 from conftest import sigint_default
 from perfkit.core.errors import BadInputError
 from perfkit.run.sweep import Ledger, SweepPart, SweepSpec, expand, run_sweep
+from perfkit.run.sweep.busy import read_summaries
 from perfkit.run.sweep.slurm import _expand_ids
 from perfkit.run.sweep.slurm_settings import parse_sbatch_options, slurm_parameters
 
@@ -197,6 +198,20 @@ def test_same_results_as_the_local_executor(cluster, tmp_path):
         assert events[0].slot.startswith("slurm:")
     jobs = json.loads((tmp_path / "slurm" / "slurm" / "jobs.json").read_text())["configs"]
     assert len({j["job_id"].split("_")[0] for j in jobs.values()}) == 1  # ONE job array
+
+    # Issue 45: the busy share of the allocations, from sacct, in the result and the ledger.
+    busy = remote.busy
+    assert busy is not None and busy.executor == "Slurm" and busy.held_from == "sacct"
+    assert set(busy.held_s) == {j["job_id"] for j in jobs.values()}
+    finals = {e.config_id: e for e in Ledger(tmp_path / "slurm").events() if e.status != "running"}
+    for cid, job in jobs.items():
+        e = finals[cid]
+        assert busy.held_s[job["job_id"]] >= e.end - e.start  # an allocation holds at least its attempt
+        if e.window_start is not None:
+            assert busy.measured_s[job["job_id"]] == pytest.approx(e.window_end - e.window_start)
+    assert 0 < busy.share < 1 and busy.configs == len(busy.measured_s) >= 6
+    assert busy.line().startswith(f"device busy {busy.share:.2f} of 8 Slurm allocations'")
+    assert read_summaries(tmp_path / "slurm")[-1].held_s == busy.held_s
 
     again = run_slurm_sweep(spec, configs, tmp_path / "slurm", progress=False)
     assert again.already_done == 8 and again.outcomes == []

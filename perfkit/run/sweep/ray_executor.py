@@ -46,6 +46,7 @@ from ...core.cpu_share import thread_env
 from ...core.errors import BadInputError
 from .engine import (OomEdges, SweepResult, plan, raise_on_sigterm, restore_sigterm, run_one,
                      should_run)
+from .busy import allocation_share, append_summary
 from .endings import outcome_of, settle
 from .ledger import RUNNING, Ledger, SweepLock
 from .spec import Config, SweepSpec
@@ -258,4 +259,11 @@ def _drive(ray, tqdm, todo, settings, out_dir, ledger, result, progress, poll_s,
         restore_sigterm(previous_term)
         bar.close()
     result.wall_time_s = time.monotonic() - t0
+    # Each task held its device (Ray's resources) for its attempt; between tasks Ray holds nothing.
+    state = ledger.state()
+    entries = [(c.config_id, (e.end - e.start) if e.end is not None and e.start is not None else None,
+                e.window_start, e.window_end)
+               for c in todo if (e := state.get(c.config_id)) is not None]
+    result.busy = allocation_share(entries, result.wall_time_s, "Ray", "the ledger's attempts")
+    append_summary(out_dir, result.busy)
     return result

@@ -49,6 +49,7 @@ from ...core.durable import write_text_atomic
 from ...core.errors import BadInputError
 from .engine import (OomEdges, SweepResult, plan, raise_on_sigterm, restore_sigterm, run_one,
                      should_run)
+from .busy import BusyShare, allocation_share, append_summary
 from .endings import outcome_of, settle
 from .ledger import RUNNING, Ledger, LedgerEntry, SweepLock
 from .slurm_settings import slurm_parameters
@@ -165,6 +166,43 @@ def _slurm_states(job_ids: Sequence[str]) -> dict[str, str] | None:
             for one in _expand_ids(jid):
                 states[one] = state.split()[0].rstrip("+")
     return states
+
+
+def _slurm_elapsed(job_ids: Sequence[str]) -> dict[str, float] | None:
+    """Each job's allocation time, seconds (sacct ``ElapsedRaw``); None when sacct did not answer."""
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    try:
+        cp = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,ElapsedRaw", "-j", ",".join(arrays)],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if cp.returncode != 0:
+        return None
+    elapsed: dict[str, float] = {}
+    for line in cp.stdout.splitlines():
+        jid, _, raw = line.strip().partition("|")
+        if jid and raw.strip().isdigit():
+            for one in _expand_ids(jid):
+                elapsed[one] = float(raw)
+    return elapsed
+
+
+def _busy(ran: dict[str, dict], ledger: Ledger, wall_s: float) -> BusyShare:
+    """The allocations' busy share (:func:`.busy.allocation_share`) of the tasks this driver watched:
+    each held its device for sacct's elapsed time, or at least its ledger attempt (sacct counts whole
+    seconds and may not have the last task's end yet)."""
+    elapsed = _slurm_elapsed([r["job_id"] for r in ran.values()]) if ran else {}
+    state = ledger.state()
+    entries = []
+    for cid, rec in ran.items():
+        e = state.get(cid)
+        if e is None or e.attempt < rec["attempt"]:
+            continue
+        attempt_s = (e.end - e.start) if e.end is not None and e.start is not None else 0.0
+        held = max((elapsed or {}).get(rec["job_id"], 0.0), attempt_s)
+        entries.append((rec["job_id"], held or None, e.window_start, e.window_end))
+    return allocation_share(entries, wall_s, "Slurm", "sacct" if elapsed is not None else
+                            "the ledger's attempts: sacct did not answer")
 
 
 def _stderr_tail(out_dir: Path, job_id: str, limit: int = 4000) -> tuple[str | None, str]:
@@ -323,6 +361,7 @@ def run_slurm_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | P
             bar.update(1)
 
         # 3. Watch: the ledger says what ended; sacct says what Slurm ended first.
+        ran = dict(watch)
         previous_term = raise_on_sigterm()
         interval = poll_s[0]
         try:
@@ -367,4 +406,7 @@ def run_slurm_sweep(spec: SweepSpec, configs: Sequence[Config], out_dir: str | P
             restore_sigterm(previous_term)
             bar.close()
         result.wall_time_s = time.monotonic() - t0
+        if ran:
+            result.busy = _busy(ran, ledger, result.wall_time_s)
+            append_summary(out_dir, result.busy)
         return result
