@@ -229,6 +229,11 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
         (_cli(tmp_path / "empty", "--world-sizes", "0,x", "--network", H100_TABLE), "--world-sizes"),
         (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE, "--layout", "tp"), "--layout"),
         (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", junk), "not an nccl-tests"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8"), "needs --network"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--layout", "pp"), "no ok pipeline configuration"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE, "--microbatches", "8"),
+         "are for --layout pp"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--layout", "pp", "--microbatches", "0"), "--microbatches"),
     ]
     if H200_TRACE.exists():
         cases.append((_cli(H200, "--trace", H200_TRACE, "--config", H200_CONFIG, "--world-sizes", "8",
@@ -338,3 +343,50 @@ def test_memory_per_rank_beside_each_prediction_says_when_it_does_not_fit(cpu_tr
     assert small.returncode == 0 and "DOES NOT FIT" in small.stdout, small.stdout
     bad = _cli(runs, "--world-sizes", "2", "--network", net, "--device", "nonesuch")
     assert bad.returncode == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+# --- pipelines (perfkit.analyse.predict_pipeline) -------------------------------------------------
+
+def _pp_row(**over):
+    # 2 ranks, 1F1B, m = 4: t = 30 ms, o = 2 ms a slot, so the window is (4 + 1)·32 = 160 ms; 10 ms of
+    # barrier and optimizer outside it; 8 samples of 64 tokens (2 a microbatch).
+    return {"config_id": "pp-base", "parallelism": "pp", "pp_schedule": "1F1B", "world_size": 2,
+            "stages_per_rank": 1, "n_microbatches": 4, "batch_size": 8, "seq_len": 64,
+            "microbatch_compute_s": 0.030, "microbatch_overhead_s": 0.002, "pipeline_time_s": 0.160,
+            "step_time_s": 0.170, **over}
+
+
+def test_a_pipeline_prediction_reproduces_its_base_and_scales_by_narayanans_slots():
+    from perfkit.analyse.predict_pipeline import pipeline_base, predict_pipeline
+
+    base = pipeline_base(_pp_row())
+    same = predict_pipeline(base, ranks=2)
+    assert same.step_s == pytest.approx(0.170) and same.bubble_s == pytest.approx(0.030)
+    assert same.compute_s + same.bubble_s + same.exposed_comm_s == pytest.approx(same.step_s)
+    # 8 ranks, 16 microbatches: a stage holds a quarter of the blocks (t = 7.5 ms), 23 slots of
+    # t + o, the optimizer's share a quarter (2.5 ms).
+    deep = predict_pipeline(base, ranks=8, microbatches=16)
+    assert deep.step_s == pytest.approx(23 * (0.0075 + 0.002) + 0.0025)
+    assert deep.bubble_s == pytest.approx(7 * 0.0075) and deep.exposed_comm_s == pytest.approx(23 * 0.002)
+    assert deep.tokens_per_s == pytest.approx(16 * 2 * 64 / deep.step_s)
+    assert deep.scaling_efficiency == pytest.approx((16 * 0.0075 + 0.0025) / deep.step_s)
+    # Interleaving two stages per rank halves a slot's compute and doubles the slots that do work.
+    inter = predict_pipeline(base, ranks=8, microbatches=16, schedule="Interleaved1F1B", stages_per_rank=2)
+    assert inter.bubble_s == pytest.approx(deep.bubble_s / 2)
+    assert inter.step_s == pytest.approx(39 * (0.00375 + 0.002) + 0.0025)
+    assert any("Interleaved1F1B predicted from a 1F1B run" in a for a in inter.assumptions)
+
+
+@pytest.mark.parametrize("row, call, message", [
+    (_pp_row(parallelism="ddp"), {}, "not a pipeline configuration"),
+    (_pp_row(pp_schedule="ZBVZeroBubble"), {}, "weight-gradient"),
+    (_pp_row(microbatch_overhead_s=None), {}, "no microbatch_overhead_s"),
+    (_pp_row(), {"ranks": 8, "microbatches": 4}, "1F1B needs microbatches >= stages (8)"),
+    (_pp_row(), {"ranks": 2, "schedule": "InterleavedZeroBubble", "stages_per_rank": 2}, "no closed form"),
+    (_pp_row(), {"ranks": 2, "schedule": "GPipe", "stages_per_rank": 2}, "GPipe runs one stage per rank"),
+])
+def test_a_pipeline_it_cannot_recost_is_bad_input(row, call, message):
+    from perfkit.analyse.predict_pipeline import pipeline_base, predict_pipeline
+
+    with pytest.raises(BadInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        predict_pipeline(pipeline_base(row), **({"ranks": 2} | call))

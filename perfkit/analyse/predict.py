@@ -73,8 +73,13 @@ class Prediction:
     collectives: int
     tokens_per_s: float
     scaling_efficiency: float
-    """Base step ÷ predicted step (weak scaling: per-rank throughput kept)."""
+    """Base step ÷ predicted step (weak scaling: per-rank throughput kept); pipelines:
+    :mod:`.predict_pipeline`."""
     assumptions: list[str] = field(default_factory=list)
+    bubble_s: float = 0.0
+    """Pipeline ranks idle in the schedule's fill and drain (0 for data parallelism)."""
+    detail: dict = field(default_factory=dict)
+    """What else defines the predicted point (a pipeline's schedule and microbatches)."""
 
 
 def _compute_nodes(g: StepGraph) -> list[int]:

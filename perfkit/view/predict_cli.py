@@ -1,11 +1,13 @@
-"""``perfkit predict``: a measured step replayed, then re-costed at other data-parallel degrees.
+"""``perfkit predict``: a measured step replayed, then re-costed at other data-parallel degrees
+and pipeline depths.
 
 Reads a results directory's profiled configurations (their Kineto traces), checks the model by
 replaying every traced step (:mod:`perfkit.analyse.step_graph`), then predicts each layout at
 each world size from a one-rank configuration (:mod:`perfkit.analyse.predict`) with collective
 times from ``--network`` (:mod:`perfkit.analyse.network_model`). Every prediction that lands on
 a configuration the directory measured prints its error; one with no measured point says how far
-it extrapolates.
+it extrapolates. ``--layout pp`` re-costs a measured pipeline configuration's row instead
+(:mod:`perfkit.analyse.predict_pipeline`): it needs no trace and no network.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ ring formulas from the network's alpha-beta fit. Weak scaling: each rank's batch
 --network: an nccl-tests/rccl-tests output file of the target cluster, or a perfkit folder of
 measured collectives (notebooks/collectives.ipynb). First, every traced step is replayed with its
 measured durations: the replay error says how well the graph explains it.
+
+--layout pp: from a measured pipeline configuration (train_step with parallelism pp), the step at
+other pipeline depths (--world-sizes), microbatch counts (--microbatches) and schedules
+(--schedule: GPipe, 1F1B, Interleaved1F1B): (v*m + p - 1) slots of one stage's compute and the
+measured overhead per slot, plus the rest of the step; compute, bubble and overhead apart.
 """
 
 _ALIASES = {"ddp": ("ddp",), "zero3": ("zero3", "fsdp")}
@@ -48,9 +55,13 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", metavar="DIR", help="a results directory with profiled training configurations")
     p.add_argument("--world-sizes", required=True, metavar="N,N,...", help="ranks to predict at, e.g. 8,64,512")
-    p.add_argument("--network", required=True, metavar="FILE|DIR",
-                   help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives")
-    p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3 or both (default ddp,zero3)")
+    p.add_argument("--network", metavar="FILE|DIR",
+                   help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives (ddp, zero3)")
+    p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3, pp, comma-separated (default ddp,zero3)")
+    p.add_argument("--microbatches", metavar="M,M,...", help="pp: microbatch counts to predict (default: the base's); "
+                   "each microbatch keeps the base's size")
+    p.add_argument("--schedule", help="pp: GPipe, 1F1B or Interleaved1F1B (default: the base's)")
+    p.add_argument("--stages-per-rank", type=int, help="pp: stages per rank for Interleaved1F1B (default: the base's)")
     p.add_argument("--trace", metavar="FILE", help="the base's trace, where DIR's rows point elsewhere (a copied folder)")
     p.add_argument("--config", metavar="ID", help="the base configuration (default: DIR's one-rank traced ones)")
     p.add_argument("--blocks", type=int, help="ZeRO-3 units besides the root (default: the rows' layer count)")
@@ -64,13 +75,13 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
     p.set_defaults(func=run_predict, read_network=read_network, memory_checker=memory_checker)
 
 
-def _ints(text: str) -> list[int]:
+def _ints(text: str, flag: str = "--world-sizes") -> list[int]:
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         values = []
     if not values or any(v < 1 for v in values):
-        raise BadInputError(f"--world-sizes {text!r}: give positive integers, e.g. 8,64,512")
+        raise BadInputError(f"{flag} {text!r}: give positive integers, e.g. 8,64,512")
     return values
 
 
@@ -116,23 +127,116 @@ def _traced(rows: pd.DataFrame, directory: Path, trace: str | None, config: str 
 
 
 def run_predict(args) -> int:
-    from ..analyse.predict import LAYOUTS, what_if
-    from ..analyse.step_graph import replay_error, step_graphs
+    from ..analyse.predict import LAYOUTS
     from ..core.results import load
 
     world_sizes = _ints(args.world_sizes)
     layouts = [x.strip() for x in str(args.layout).split(",") if x.strip()]
-    if not layouts or any(x not in LAYOUTS for x in layouts):
-        raise BadInputError(f"--layout {args.layout!r}: choose from {', '.join(LAYOUTS)}")
+    if not layouts or any(x not in (*LAYOUTS, "pp") for x in layouts):
+        raise BadInputError(f"--layout {args.layout!r}: choose from {', '.join((*LAYOUTS, 'pp'))}")
+    microbatches = _ints(args.microbatches, "--microbatches") if args.microbatches else [None]
+    if "pp" not in layouts and (args.microbatches or args.schedule or args.stages_per_rank):
+        raise BadInputError("--microbatches, --schedule and --stages-per-rank are for --layout pp")
+    data_parallel = [x for x in layouts if x != "pp"]
+    if data_parallel and not args.network:
+        raise BadInputError(f"--layout {','.join(data_parallel)} needs --network FILE|DIR (the collectives' times)")
     directory = Path(args.directory)
     if not directory.is_dir():
         raise BadInputError(f"{directory}: no such results directory")
     if args.trace and not Path(args.trace).is_file():
         raise BadInputError(f"--trace {args.trace}: no such trace file")
-    network = args.read_network(args.network)
+    network = args.read_network(args.network) if data_parallel else None
     check = (args.memory_checker(args.device, args.memory_bytes)
              if args.device or args.memory_bytes else None)
     rows = load(directory)
+    predictions, notes, replays = [], [], []
+    if "pp" in layouts:
+        predictions += _pipeline(rows, directory, args, world_sizes, microbatches, notes)
+    if data_parallel:
+        replays, dp = _data_parallel(rows, directory, args, data_parallel, world_sizes, network, check, notes)
+        predictions += dp
+    result = {"replay": replays, "predictions": predictions,
+              "network": network.assumptions() if network is not None else [], "notes": notes}
+    if args.record and predictions:
+        result["recorded"] = str(_record(directory, predictions, network.source if network is not None else "-"))
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(_render(result))
+    return 0
+
+
+def _pipeline(rows: pd.DataFrame, directory: Path, args, world_sizes, microbatches, notes) -> list[dict]:
+    """``--layout pp``: each (ranks, microbatches) from the base pipeline configuration."""
+    from ..analyse.predict_pipeline import pipeline_base, predict_pipeline
+
+    pp = rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")] if "parallelism" in rows else rows.iloc[:0]
+    if args.config:
+        pp = pp[pp["config_id"] == args.config]
+    if pp.empty:
+        raise BadInputError(f"{directory}: no ok pipeline configuration{' ' + args.config if args.config else ''} to "
+                            "predict from: run train_step.ipynb with -p parallelism pp")
+    # The base: the most ranks, then the most microbatches (the most of the schedule measured).
+    candidates = pp.sort_values(["world_size", "n_microbatches", "config_id"], ascending=[False, False, True])
+    row = candidates.groupby("config_id", sort=False).median(numeric_only=True).iloc[0].to_dict()
+    first = candidates.iloc[0].to_dict()
+    row.update({k: first[k] for k in ("config_id", "parallelism", "pp_schedule", "model", "precision") if k in first})
+    base = pipeline_base(row)
+    out = []
+    for p in world_sizes:
+        for m in microbatches:
+            try:
+                pred = predict_pipeline(base, ranks=p, microbatches=m, schedule=args.schedule,
+                                        stages_per_rank=args.stages_per_rank)
+            except BadInputError as exc:
+                if "needs microbatches >=" not in str(exc):
+                    raise
+                notes.append(f"pp at {p} ranks: not predicted: {exc}")
+                continue
+            d = pred.detail
+            measured = _measured_pp(rows, first, p, d["microbatches"], d["schedule"], base.microbatch_size)
+            entry = _entry(pred, f"{base.config_id}/pp", measured, None)
+            entry.update(schedule=d["schedule"], microbatches=d["microbatches"])
+            if not measured:
+                entry["extrapolation"] = (f"no measured {d['schedule']} point at {p} ranks and {d['microbatches']} "
+                                          f"microbatches; the base has {base.ranks} ranks and {base.microbatches}")
+            out.append(entry)
+    notes.append(f"pp: base {base.config_id} (median of its rows: step {base.step_s * 1e3:.2f} ms, window "
+                 f"{base.window_s * 1e3:.2f} ms)")
+    if str(first.get("device")) == "cpu" and any(e["world_size"] != base.ranks for e in out):
+        notes.append(f"pp: the base ran on CPU, its {base.ranks} rank(s) sharing the host's cores: a stage's compute there "
+                     "is not what it costs on a device of its own, so predictions at other rank counts hold for ranks "
+                     "with a device each, not for more ranks on this host")
+    return out
+
+
+def _measured_pp(rows, base: dict, p: int, m: int, schedule: str, microbatch: float) -> float | None:
+    same = rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")]
+    for col in ("model", "seq_len", "precision", "model_size"):
+        if col in same and base.get(col) is not None:
+            same = same[same[col].astype(str) == str(base[col])]
+    hit = same[(same["world_size"] == p) & (same["n_microbatches"] == m) & (same["pp_schedule"] == schedule)
+               & (same["batch_size"] == round(microbatch * m))]
+    hit = hit[hit["step_time_s"].notna()]
+    return float(hit["step_time_s"].median()) if len(hit) else None
+
+
+def _entry(pred, base: str, measured: float | None, extrapolation: str | None) -> dict:
+    return {"layout": pred.layout, "world_size": pred.world_size, "base": base,
+            "step_ms": pred.step_s * 1e3, "tokens_per_s": pred.tokens_per_s,
+            "scaling_efficiency": pred.scaling_efficiency, "compute_ms": pred.compute_s * 1e3,
+            "exposed_comm_ms": pred.exposed_comm_s * 1e3, "comm_ms": pred.comm_s * 1e3,
+            "bubble_ms": pred.bubble_s * 1e3, "collectives": pred.collectives,
+            "measured_ms": measured * 1e3 if measured else None,
+            "error": pred.step_s / measured - 1 if measured else None,
+            "extrapolation": extrapolation if not measured else None, "assumptions": pred.assumptions}
+
+
+def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, notes):
+    """DDP and ZeRO-3 from a one-rank trace (:mod:`perfkit.analyse.predict`), after the replay check."""
+    from ..analyse.predict import what_if
+    from ..analyse.step_graph import replay_error, step_graphs
+
     if rows.empty or "trace_path" not in rows.columns:
         raise BadInputError(f"{directory}: no traced configurations: run train_step.ipynb with -p profile true")
     runs = [r for r in _traced(rows, directory, args.trace, args.config) if all(p.is_file() for p in r.paths)]
@@ -149,7 +253,7 @@ def run_predict(args) -> int:
                             "measured_ms": statistics.median(g.measured_us for g in gs) / 1e3,
                             "replay_error": max((replay_error(g) for g in gs), key=abs)})
 
-    predictions, notes = [], []
+    predictions = []
     for layout in layouts:
         bases = [r for r in runs if int(r.row.get("world_size") or 1) == 1
                  and str(r.row.get("parallelism")) in _BASES[layout]]
@@ -167,15 +271,7 @@ def run_predict(args) -> int:
                            key=lambda x: x.step_s)
             pred = preds[len(preds) // 2]
             measured = _measured(rows, base.row, layout, p, per_rank)
-            out = {"layout": layout, "world_size": p, "base": f"{base.config_id}/{base.run}",
-                   "step_ms": pred.step_s * 1e3, "tokens_per_s": pred.tokens_per_s,
-                   "scaling_efficiency": pred.scaling_efficiency, "compute_ms": pred.compute_s * 1e3,
-                   "exposed_comm_ms": pred.exposed_comm_s * 1e3, "comm_ms": pred.comm_s * 1e3,
-                   "bubble_ms": 0.0, "collectives": pred.collectives,
-                   "measured_ms": measured * 1e3 if measured else None,
-                   "error": pred.step_s / measured - 1 if measured else None,
-                   "extrapolation": network.extrapolation(p) if not measured else None,
-                   "assumptions": pred.assumptions}
+            out = _entry(pred, f"{base.config_id}/{base.run}", measured, network.extrapolation(p))
             if not measured:
                 ws = sorted({int(w) for w in rows.get("world_size", pd.Series(dtype=float)).dropna()})
                 near = min(ws, key=lambda w: abs(w - p)) if ws else None
@@ -187,14 +283,7 @@ def run_predict(args) -> int:
         notes.append(f"{layout}: base {base.config_id} ({base.row.get('parallelism')}, 1 rank, batch {per_rank:g}): profiled "
                      f"step {profiled_s * 1e3:.2f} ms" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
                                                          if isinstance(measured_base, float) and measured_base == measured_base else ""))
-    result = {"replay": replays, "predictions": predictions, "network": network.assumptions(), "notes": notes}
-    if args.record and predictions:
-        result["recorded"] = str(_record(directory, predictions, network.source))
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        print(_render(result))
-    return 0
+    return replays, predictions
 
 
 def _record(directory: Path, predictions: list[dict], network_source: str) -> Path:
@@ -209,11 +298,13 @@ def _record(directory: Path, predictions: list[dict], network_source: str) -> Pa
     digest = hashlib.sha256(json.dumps([bases, network_source]).encode()).hexdigest()[:12]
     now = time.time()
     frame = pd.DataFrame([{
-        "workload": "prediction", "status": "ok", "config_id": f"predict-{digest}", "layout": p["layout"],
+        "workload": "prediction", "status": "ok", "config_id": f"predict-{digest}", "layout": _label(p),
         "parallelism": p["layout"], "world_size": p["world_size"], "base_config": p["base"],
         "network_source": network_source, "predicted_at_unix_s": now,
         "predicted_step_time_s": p["step_ms"] / 1e3, "predicted_compute_time_s": p["compute_ms"] / 1e3,
         "predicted_exposed_comm_time_s": p["exposed_comm_ms"] / 1e3, "predicted_comm_time_s": p["comm_ms"] / 1e3,
+        "predicted_bubble_time_s": p["bubble_ms"] / 1e3, "pp_schedule": p.get("schedule"),
+        "n_microbatches": p.get("microbatches"),
         "predicted_tokens_per_s": p["tokens_per_s"], "predicted_scaling_efficiency": p["scaling_efficiency"],
         "measured_step_time_s": (p["measured_ms"] / 1e3) if p["measured_ms"] is not None else float("nan"),
         "prediction_error": p["error"] if p["error"] is not None else float("nan"),
@@ -241,19 +332,23 @@ def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: flo
 
 
 def _render(result: dict) -> str:
-    lines = ["replay (each traced step with its measured durations; the model's own check):"]
-    for r in result["replay"]:
-        lines.append(f"  {r['config_id']}/{r['run']} rank {r['rank']}: {r['steps']} steps, median {r['measured_ms']:.2f} ms, "
-                     f"worst replay error {100 * r['replay_error']:+.1f} %")
-    lines.append("")
-    head = f"{'layout':<7}{'ranks':>6}{'step ms':>10}{'tokens/s':>12}{'eff':>6}{'compute':>9}{'exposed':>9}{'comm':>8}{'measured':>10}{'error':>8}"
-    lines += ["predicted (ms; exposed: communication on the critical path):", head]
+    lines = []
+    if result["replay"]:
+        lines.append("replay (each traced step with its measured durations; the model's own check):")
+        for r in result["replay"]:
+            lines.append(f"  {r['config_id']}/{r['run']} rank {r['rank']}: {r['steps']} steps, median "
+                         f"{r['measured_ms']:.2f} ms, worst replay error {100 * r['replay_error']:+.1f} %")
+        lines.append("")
+    head = (f"{'layout':<14}{'ranks':>6}{'step ms':>10}{'tokens/s':>12}{'eff':>6}{'compute':>9}{'exposed':>9}"
+            f"{'bubble':>8}{'comm':>8}{'measured':>10}{'error':>8}")
+    lines += ["predicted (ms; exposed: communication (pp: and schedule overhead) on the critical path):", head]
     for p in result["predictions"]:
         err = f"{100 * p['error']:+.1f}%" if p["error"] is not None else "-"
         meas = f"{p['measured_ms']:.2f}" if p["measured_ms"] is not None else "-"
         tps = f"{p['tokens_per_s']:.4g}" if math.isfinite(p["tokens_per_s"]) else "-"
-        lines.append(f"{p['layout']:<7}{p['world_size']:>6}{p['step_ms']:>10.2f}{tps:>12}{p['scaling_efficiency']:>6.2f}"
-                     f"{p['compute_ms']:>9.2f}{p['exposed_comm_ms']:>9.2f}{p['comm_ms']:>8.2f}{meas:>10}{err:>8}")
+        lines.append(f"{_label(p):<14}{p['world_size']:>6}{p['step_ms']:>10.2f}{tps:>12}{p['scaling_efficiency']:>6.2f}"
+                     f"{p['compute_ms']:>9.2f}{p['exposed_comm_ms']:>9.2f}{p['bubble_ms']:>8.2f}{p['comm_ms']:>8.2f}"
+                     f"{meas:>10}{err:>8}")
         if p["extrapolation"]:
             lines.append(f"{'':13}! {p['extrapolation']}")
         if "fits" in p:
@@ -267,6 +362,11 @@ def _render(result: dict) -> str:
     if result.get("recorded"):
         lines.append(f"recorded: {result['recorded']} (perfkit report draws it beside the measured points)")
     lines += ["", "assumptions:"] + [f"  - {a}" for a in result["network"] + seen + result["notes"]]
-    lines.append("  - not modelled: tensor and pipeline parallelism (bubble 0), the wrappers' host work beyond the base's, "
-                 "compute slowed by collectives sharing its cores or memory, stragglers")
+    lines.append("  - not modelled: tensor parallelism, pipeline x data parallelism, the wrappers' host work beyond the "
+                 "base's, compute slowed by collectives sharing its cores or memory, stragglers")
     return "\n".join(lines)
+
+
+def _label(p: dict) -> str:
+    """A prediction's layout as a table and the report name it: pp with its schedule and microbatches."""
+    return f"pp {p['schedule']} m{p['microbatches']}" if p["layout"] == "pp" else p["layout"]
