@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -390,3 +392,27 @@ def test_a_pipeline_it_cannot_recost_is_bad_input(row, call, message):
 
     with pytest.raises(BadInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         predict_pipeline(pipeline_base(row), **({"ranks": 2} | call))
+
+
+def test_a_traced_target_is_the_check_like_with_like(cpu_trace, tmp_path):
+    """The base's graph ran under the profiler, so a measured point that was traced too is compared
+    by its traced steps (per step the slowest rank, the median step), its unprofiled step beside it."""
+    import pandas as pd
+
+    from perfkit.core.results import write_rows
+
+    runs, net = _folders(tmp_path, cpu_trace)
+    # The 2-rank DDP point, traced too (its one rank file: a copy of this trace).
+    copied = tmp_path / "two" / "rank0.json.gz"
+    copied.parent.mkdir()
+    shutil.copy(cpu_trace, copied)
+    two = pd.read_parquet(runs / "results" / "train.parquet").query("config_id == 'two'").assign(
+        trace_path=str(copied), config_id="two-traced")
+    write_rows(two, runs / "results" / "traced.parquet")
+    run = _cli(runs, "--world-sizes", "2", "--network", net, "--layout", "ddp", "--json")
+    assert run.returncode == 0, run.stderr
+    (ddp2,) = json.loads(run.stdout)["predictions"]
+    traced_ms = statistics.median(g.measured_us for g in step_graphs(cpu_trace)) / 1e3
+    assert ddp2["measured_under_profiler"] is True and ddp2["measured_ms"] == pytest.approx(traced_ms)
+    assert ddp2["measured_unprofiled_ms"] == pytest.approx(50.0)
+    assert ddp2["error"] == pytest.approx(ddp2["step_ms"] / traced_ms - 1)

@@ -253,6 +253,13 @@ def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, 
                             "measured_ms": statistics.median(g.measured_us for g in gs) / 1e3,
                             "replay_error": max((replay_error(g) for g in gs), key=abs)})
 
+    # A traced configuration's step under the profiler: per step the slowest rank, the median step.
+    traced_ms = {}
+    for r in runs:
+        per_rank = [graphs[(r.config_id, r.run, k)] for k in range(len(r.paths))]
+        steps = [max(g.measured_us for g in same) for same in zip(*per_rank)]
+        if steps:
+            traced_ms[(r.config_id, r.run)] = statistics.median(steps) / 1e3
     predictions = []
     for layout in layouts:
         bases = [r for r in runs if int(r.row.get("world_size") or 1) == 1
@@ -270,8 +277,14 @@ def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, 
             preds = sorted((what_if(g, layout=layout, world_size=p, network=network, facts=facts) for g in gs),
                            key=lambda x: x.step_s)
             pred = preds[len(preds) // 2]
-            measured = _measured(rows, base.row, layout, p, per_rank)
+            unprofiled = _measured(rows, base.row, layout, p, per_rank)
+            traced = [traced_ms[(r.config_id, r.run)] / 1e3 for r in runs if (r.config_id, r.run) in traced_ms
+                      and _same_point(r.row, base.row, layout, p, per_rank)]
+            # Like with like: the base's graph ran under the profiler, so a target traced too is the check.
+            measured = statistics.median(traced) if traced else unprofiled
             out = _entry(pred, f"{base.config_id}/{base.run}", measured, network.extrapolation(p))
+            out["measured_under_profiler"] = bool(traced)
+            out["measured_unprofiled_ms"] = unprofiled * 1e3 if unprofiled else None
             if not measured:
                 ws = sorted({int(w) for w in rows.get("world_size", pd.Series(dtype=float)).dropna()})
                 near = min(ws, key=lambda w: abs(w - p)) if ws else None
@@ -307,6 +320,7 @@ def _record(directory: Path, predictions: list[dict], network_source: str) -> Pa
         "n_microbatches": p.get("microbatches"),
         "predicted_tokens_per_s": p["tokens_per_s"], "predicted_scaling_efficiency": p["scaling_efficiency"],
         "measured_step_time_s": (p["measured_ms"] / 1e3) if p["measured_ms"] is not None else float("nan"),
+        "measured_under_profiler": bool(p.get("measured_under_profiler")),
         "prediction_error": p["error"] if p["error"] is not None else float("nan"),
         "extrapolation": p["extrapolation"], "assumptions": json.dumps(p["assumptions"]),
         "memory_peak_bytes_per_rank": p.get("memory_peak_bytes_per_rank"), "memory_fits": p.get("fits"),
@@ -314,6 +328,13 @@ def _record(directory: Path, predictions: list[dict], network_source: str) -> Pa
     path = directory / "results" / f"predict-{digest}.parquet"
     write_rows(frame, path)
     return path
+
+
+def _same_point(row: dict, base: dict, layout: str, p: int, per_rank: float) -> bool:
+    """Whether a traced run's row is ``layout`` at ``p`` ranks of the base's model and per-rank batch."""
+    same = all(row.get(c) == base.get(c) for c in ("model", "seq_len", "precision") if base.get(c) == base.get(c))
+    return (same and row.get("world_size") == p and str(row.get("parallelism")) in _ALIASES[layout]
+            and row.get("batch_size") == per_rank * p)
 
 
 def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
@@ -351,6 +372,10 @@ def _render(result: dict) -> str:
                      f"{meas:>10}{err:>8}")
         if p["extrapolation"]:
             lines.append(f"{'':13}! {p['extrapolation']}")
+        if p.get("measured_under_profiler"):
+            unprof = p.get("measured_unprofiled_ms")
+            lines.append(f"{'':13}measured: its traced steps (under the profiler, as the base's)"
+                         + (f"; unprofiled {unprof:.2f} ms" if unprof else ""))
         if "fits" in p:
             peak = p["memory_peak_bytes_per_rank"]
             lines.append(f"{'':13}memory: " + (f"{peak / 2**30:.2f} GiB per rank of {p['memory_budget_bytes'] / 2**30:.1f} GiB: "
