@@ -75,6 +75,22 @@ def test_a_cpu_step_replays_to_its_measured_time_and_its_phases_are_found(cpu_tr
     assert replay(g)[0] == pytest.approx(graphs[0].measured_us + work, rel=1e-9)
 
 
+def test_an_op_whose_children_are_a_sliver_of_it_is_one_task_with_its_own_time(cpu_trace):
+    """aten::mm calls aten::resolve_conj (µs): the matmul's time is the mm's own, so the mm is the
+    task a what-if re-costs, not a gap between two resolve_conj leaves."""
+    import gzip
+
+    g = step_graphs(cpu_trace)[0]
+    events = [e for e in json.loads(gzip.open(cpu_trace).read())["traceEvents"] if e.get("ph") == "X"]
+    step = next(e for e in events if e["name"] == f"ProfilerStep#{g.step}")
+    matmuls = ("aten::mm", "aten::addmm", "aten::bmm")
+    in_trace = sum(e["dur"] for e in events if e["name"] in matmuls and step["ts"] <= e["ts"] < step["ts"] + step["dur"])
+    in_graph = sum(g.dur_us[i] for i in range(len(g)) if g.names[i] in matmuls)
+    assert in_trace > 0 and in_graph == pytest.approx(in_trace, rel=0.01)
+    assert not any(g.names[i] == "aten::resolve_conj" for i in range(len(g)))
+    assert abs(replay_error(g)) < 1e-9
+
+
 def test_the_h200_step_replays_and_is_bound_by_its_host():
     _need(H200_TRACE)
     graphs = step_graphs(H200_TRACE)
@@ -188,6 +204,33 @@ def test_zero3_gathers_each_unit_before_its_compute_and_shards_the_optimizer(cpu
     assert slow.exposed_comm_s > 2 * 2e-3 and slow.step_s > p.step_s
 
 
+def test_tp_divides_the_sharded_compute_and_waits_for_four_activation_all_reduces_a_block(cpu_trace):
+    from perfkit.analyse.predict import _REPLICATED, _compute_nodes, _time_key
+
+    g = step_graphs(cpu_trace)[0]
+    base = replay(g)[0] / 1e6
+    facts = ModelFacts(**CPU_FACTS, hidden_size=64, act_bytes=4)
+    fast = what_if(g, layout="tp", world_size=4, network=_net_from(1e-9, 1e15), facts=facts)
+    # Free collectives: the step loses 3/4 of the sharded forward, backward and optimizer compute (an
+    # added collective starts when its issuer ends in the re-costed replay, not at its measured time).
+    f0, b1 = g.phases["zero_grad"][1], g.phases["backward"][1]
+    opt = g.phases["optimizer"]
+    nodes = _compute_nodes(g)
+    sharded = sum(g.dur_us[i] for i in nodes if f0 <= _time_key(g, i) <= b1 and not _REPLICATED.search(g.names[i]))
+    optimizer = sum(g.dur_us[i] for i in nodes if opt[0] <= _time_key(g, i) <= opt[1])
+    assert 0 < sharded and fast.collectives == 4 * CPU_FACTS["n_blocks"]
+    assert fast.step_s == pytest.approx(base - 0.75 * (sharded + optimizer) / 1e6, rel=0.01)
+    assert fast.tokens_per_s == pytest.approx(CPU_FACTS["tokens_per_rank"] / fast.step_s)  # one replica
+    assert fast.scaling_efficiency == pytest.approx(base / (4 * fast.step_s))
+    # A slow network: every all-reduce (128 tokens x 64 x 4 B) is on the critical path.
+    slow_net = _net_from(1e-3, 1e9)
+    slow = what_if(g, layout="tp", world_size=4, network=slow_net, facts=facts)
+    t_ar = slow_net.time_s("all_reduce", 128 * 64 * 4, 4)
+    assert slow.comm_s == pytest.approx(8 * t_ar) and slow.exposed_comm_s >= 0.9 * 8 * t_ar
+    with pytest.raises(BadInputError, match="activations' width"):
+        what_if(g, layout="tp", world_size=2, network=slow_net, facts=ModelFacts(**CPU_FACTS))
+
+
 def test_a_base_that_already_communicates_is_refused_for_zero3(cpu_trace):
     g = copy.deepcopy(step_graphs(cpu_trace)[0])
     g.add(name="gloo:all_gather", kind=COMM, lane="thread 9", start_us=g.start_us + 10, dur_us=5, op="all_gather")
@@ -229,7 +272,7 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
         (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE), "no traced configurations"),
         (_cli(tmp_path / "nowhere", "--world-sizes", "8", "--network", H100_TABLE), "no such results directory"),
         (_cli(tmp_path / "empty", "--world-sizes", "0,x", "--network", H100_TABLE), "--world-sizes"),
-        (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE, "--layout", "tp"), "--layout"),
+        (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", H100_TABLE, "--layout", "sp"), "--layout"),
         (_cli(tmp_path / "empty", "--world-sizes", "8", "--network", junk), "not an nccl-tests"),
         (_cli(tmp_path / "empty", "--world-sizes", "8"), "needs --network"),
         (_cli(tmp_path / "empty", "--world-sizes", "8", "--layout", "pp"), "no ok pipeline configuration"),

@@ -20,15 +20,27 @@ its gradients reduce-scattered after its backward, the optimizer updates 1/p of 
 Assumed: the blocks hold the non-embedding parameters evenly, the root the rest; forward and
 backward spend equal time per block; all-gathers and reduce-scatters each on a lane of their own.
 
-Not modelled (said in :attr:`Prediction.assumptions`): tensor and pipeline parallelism, the
-wrappers' own host work (bucket copies, FSDP's copy-in/out), contention between a collective and
-compute for the same cores or memory, stragglers.
+**TP** (Megatron-LM, Shoeybi et al. 2019, §3: a block's attention and MLP each a column-parallel
+projection then a row-parallel one): the base's compute in forward and backward is divided by the
+tensor-parallel degree t, but for the ops a Megatron plan leaves replicated (norms, embeddings, the
+loss: by name, :data:`_REPLICATED`), and each block adds two all-reduces of the activations
+(tokens × hidden × activation bytes) in forward, after its attention and after its MLP, and two in
+backward (the input gradients of the column-parallel projections), each on the critical path: the
+next compute waits for it. The optimizer steps 1/t of the parameters. The batch is the base's on
+every rank (strong scaling of one replica): efficiency is the base step ÷ (t × the predicted step).
+Assumed: the blocks' compute split evenly; the projections' matmuls dominate what is divided.
+
+Not modelled (said in :attr:`Prediction.assumptions`): pipeline parallelism here (re-costed from a
+pipeline row: :mod:`.predict_pipeline`), TP × DP, sequence parallelism, the wrappers' own host work
+(bucket copies, FSDP's copy-in/out, DTensor's dispatch), contention between a collective and compute
+for the same cores or memory, stragglers.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +51,9 @@ from perfkit.core.errors import BadInputError
 
 __all__ = ["LAYOUTS", "ModelFacts", "Prediction", "what_if"]
 
-LAYOUTS = ("ddp", "zero3")
+LAYOUTS = ("ddp", "zero3", "tp")
+#: Ops a Megatron plan does not shard (their time is kept under TP): by name, CPU ops and GPU kernels.
+_REPLICATED = re.compile(r"norm|embedding|cross_entropy|nll_loss|log_softmax", re.IGNORECASE)
 _FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 _EPS_US = 1e-3  # orders an added collective just before what waits for it
 
@@ -58,6 +72,10 @@ class ModelFacts:
     bucket_cap_mb: float = 25.0
     tokens_per_rank: float = math.nan
     """Tokens (or samples) one rank's step processes, for throughput."""
+    hidden_size: int | None = None
+    """The activations' width (TP's all-reduces move tokens × hidden)."""
+    act_bytes: int = 4
+    """Bytes per activation element (2 under bf16/fp16 autocast)."""
 
 
 @dataclass
@@ -121,8 +139,9 @@ class _Editor:
         n = self.g.add(name=f"{op} {size_bytes:.0f} B", kind=COMM, lane=lane, start_us=when,
                        dur_us=network.time_s(op, size_bytes, world_size) * 1e6, lane_prev=prev,
                        waits=[(after, 0.0)] if after is not None else [], op=op, nbytes=size_bytes)
-        if after is None:
-            self.g.issue[n], self.g.issue_offset_us[n] = -1, 0.0
+        # Issued by ``after`` (and waiting for its end): in a re-costed replay it starts when that
+        # task ends, not at its measured time (what a lane's first task without an issuer does).
+        self.g.issue[n], self.g.issue_offset_us[n] = (after, 0.0) if after is not None else (-1, 0.0)
         self.added.append(n)
         return n
 
@@ -215,6 +234,31 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
             "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard)"]
 
 
+def _tp(e: _Editor, facts: ModelFacts, t: int, net: NetworkModel) -> list[str]:
+    f0, b0, b1, opt = _phases(e.g)
+    if not facts.hidden_size:
+        raise BadInputError("TP needs the activations' width: the rows have no model_hidden_size or model_d_model")
+    blocks = facts.n_blocks or 1
+    size = facts.tokens_per_rank * facts.hidden_size * facts.act_bytes
+    sharded = [i for i in e.nodes if f0 <= _time_key(e.g, i) <= b1 and not _REPLICATED.search(e.g.names[i])]
+    kept = sum(e.g.dur_us[i] for i in e.nodes if f0 <= _time_key(e.g, i) <= b1) - sum(e.g.dur_us[i] for i in sharded)
+    e.scale(sharded, 1.0 / t)
+    if opt:
+        e.scale([i for i in e.nodes if opt[0] <= _time_key(e.g, i) <= opt[1]], 1.0 / t)
+    # Two all-reduces a block in each direction: halfway through it and at its end.
+    points = [lo + (hi - lo) * (k + h) / blocks for lo, hi in ((f0, b0), (b0, b1))
+              for k in range(blocks) for h in (0.5, 1.0)]
+    for at in points:
+        ar = e.collective(op="all_reduce", lane="tp all_reduce", size_bytes=size, world_size=t, network=net,
+                          after=e.before(at), at_us=at)
+        e.wait(e.after(at + _EPS_US), ar)
+    return [f"TP: forward and backward compute divided by {t} but {kept / 1e3:.3g} ms of norms, embeddings and the "
+            f"loss (replicated); the optimizer's by {t}",
+            f"TP: {4 * blocks} all-reduces of {size / 2**20:.3g} MiB ({facts.tokens_per_rank:g} tokens x "
+            f"{facts.hidden_size} x {facts.act_bytes} B), two a block in forward and two in backward, each waited for",
+            "TP: the batch of the base on every rank (one replica, strong scaling)"]
+
+
 def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkModel, facts: ModelFacts) -> Prediction:
     """The base graph with ``layout``'s collectives at ``world_size`` ranks, replayed."""
     if layout not in LAYOUTS:
@@ -225,15 +269,17 @@ def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkMo
                             "without collectives, or DDP from DDP on one rank")
     base_s = replay(base)[0] / 1e6
     e = _Editor(base)
-    notes = (_ddp if layout == "ddp" else _zero3)(e, facts, world_size, network)
+    notes = {"ddp": _ddp, "zero3": _zero3, "tp": _tp}[layout](e, facts, world_size, network)
     step_s = replay(e.g)[0] / 1e6
     free = copy.deepcopy(e.g)
     for i in e.added:
         free.dur_us[i] = 0.0
     compute_s = replay(free)[0] / 1e6
     comm_s = sum(e.g.dur_us[i] for i in e.added) / 1e6
-    notes += [f"weak scaling: each rank's batch and compute as measured on one rank ({base.path})"]
+    replicas = 1 if layout == "tp" else world_size  # TP: every rank works on the one replica's batch
+    if layout != "tp":
+        notes += [f"weak scaling: each rank's batch and compute as measured on one rank ({base.path})"]
     return Prediction(layout=layout, world_size=world_size, step_s=step_s, compute_s=compute_s,
                       exposed_comm_s=max(0.0, step_s - compute_s), comm_s=comm_s, collectives=len(e.added),
-                      tokens_per_s=facts.tokens_per_rank * world_size / step_s,
-                      scaling_efficiency=base_s / step_s, assumptions=notes)
+                      tokens_per_s=facts.tokens_per_rank * replicas / step_s,
+                      scaling_efficiency=base_s * replicas / (world_size * step_s), assumptions=notes)

@@ -121,17 +121,34 @@ class StepGraph:
         return [i for i in self.order() if self.kind[i] == HOST]
 
 
-def _leaves(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Positions (into the given, start-sorted arrays) of events that contain no other event."""
-    leaf = np.ones(len(ts), dtype=bool)
+def _leaves(ts: np.ndarray, end: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """Positions (into the given, start-sorted arrays) of the events that are the host's tasks: each
+    outermost event whose direct children cover at most half of it (no child at all, or an aten::mm
+    whose only children are two µs-long aten::resolve_conj: its time is its own matmul, which a
+    what-if must be able to re-cost), unless one of its descendants is in ``keep`` (a CUDA runtime
+    call, whose launch edge must stay a node of its own). The children of a task are not tasks."""
+    n = len(ts)
+    dur = end - ts
+    child_s = np.zeros(n)
+    pinned = np.zeros(n, dtype=bool)
     stack: list[int] = []
-    for i in range(len(ts)):
+    for i in range(n):
         while stack and end[stack[-1]] <= ts[i]:
             stack.pop()
         if stack:
-            leaf[stack[-1]] = False
+            child_s[stack[-1]] += dur[i]
+            if keep is not None and keep[i]:
+                pinned[stack] = True
         stack.append(i)
-    return np.flatnonzero(leaf)
+    take = np.zeros(n, dtype=bool)
+    inside: list[tuple[int, bool]] = []
+    for i in range(n):
+        while inside and end[inside[-1][0]] <= ts[i]:
+            inside.pop()
+        covered = bool(inside) and inside[-1][1]
+        take[i] = not covered and not pinned[i] and child_s[i] <= 0.5 * dur[i]
+        inside.append((i, covered or take[i]))
+    return np.flatnonzero(take)
 
 
 def _name(ev: TraceEvents, i: int) -> str:
@@ -178,7 +195,7 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
         on = np.flatnonzero((ev.pid == pid) & (ev.tid == t) & in_step & host_cats)
         on = on[on != row]
         on = on[np.lexsort((-ev.dur_us[on], ev.ts_us[on]))]
-        on = on[_leaves(ev.ts_us[on], ev.end_us[on])]
+        on = on[_leaves(ev.ts_us[on], ev.end_us[on], runtime[on])]
         for i in on:
             lane_of[int(i)] = HOST if t == tid else f"host thread {t}"
         host_rows += [int(i) for i in on]

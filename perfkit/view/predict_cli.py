@@ -31,6 +31,8 @@ scaling notebooks with profile true) and the collectives of the target network, 
 execution graph (host ops, GPU kernels per stream, launches, waits, collectives) is replayed with
 DDP's gradient all-reduces or ZeRO-3's all-gathers and reduce-scatters added, each costed by the
 ring formulas from the network's alpha-beta fit. Weak scaling: each rank's batch as measured.
+--layout tp: the compute divided by the TP degree (norms, embeddings and the loss kept) and four
+activation all-reduces a block (Megatron-LM), one replica's batch on every rank.
 
 --network: an nccl-tests/rccl-tests output file of the target cluster, or a perfkit folder of
 measured collectives (notebooks/collectives.ipynb). First, every traced step is replayed with its
@@ -42,8 +44,14 @@ other pipeline depths (--world-sizes), microbatch counts (--microbatches) and sc
 measured overhead per slot, plus the rest of the step; compute, bubble and overhead apart.
 """
 
-_ALIASES = {"ddp": ("ddp",), "zero3": ("zero3", "fsdp")}
-_BASES = {"ddp": ("ddp", "none"), "zero3": ("zero3", "fsdp", "none")}
+_ALIASES = {"ddp": ("ddp",), "zero3": ("zero3", "fsdp"), "tp": ("tp",)}
+_BASES = {"ddp": ("ddp", "none"), "zero3": ("zero3", "fsdp", "none"), "tp": ("none",)}
+
+
+def _batch(layout: str, per_rank: float, p: int) -> float:
+    """The global batch of ``layout`` at ``p`` ranks: data parallelism multiplies the per-rank batch,
+    TP's ranks share one replica's."""
+    return per_rank if layout == "tp" else per_rank * p
 
 
 def add_predict_command(sub, read_network, memory_checker) -> None:
@@ -51,13 +59,13 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
     ``memory_checker(device, memory_bytes)`` makes the per-rank memory check (the CLI passes
     :func:`perfkit.ingest.network.read_network` and
     :func:`perfkit.measuring.training.fit_command.memory_checker`: a view imports neither)."""
-    p = sub.add_parser("predict", help="predict DDP and ZeRO-3 steps at other world sizes from a one-rank trace",
+    p = sub.add_parser("predict", help="predict DDP, ZeRO-3, TP and pipeline steps at other world sizes from measured ones",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", metavar="DIR", help="a results directory with profiled training configurations")
     p.add_argument("--world-sizes", required=True, metavar="N,N,...", help="ranks to predict at, e.g. 8,64,512")
     p.add_argument("--network", metavar="FILE|DIR",
                    help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives (ddp, zero3)")
-    p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3, pp, comma-separated (default ddp,zero3)")
+    p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3, tp, pp, comma-separated (default ddp,zero3)")
     p.add_argument("--microbatches", metavar="M,M,...", help="pp: microbatch counts to predict (default: the base's); "
                    "each microbatch keeps the base's size")
     p.add_argument("--schedule", help="pp: GPipe, 1F1B or Interleaved1F1B (default: the base's)")
@@ -106,7 +114,9 @@ def _facts(row: dict, blocks: int | None, notes: list[str]):
     grad_bytes = 2 if precision == "bf16-pure" or row.get("fsdp_reduce_dtype") in half else 4
     per_rank = num("batch_size") / (num("world_size") or 1)
     tokens = per_rank * (num("seq_len") or 1)
-    return ModelFacts(n_params=int(num("n_params")), n_params_non_embedding=int(num("n_params_non_embedding") or 0) or None,
+    hidden = num("model_hidden_size") or num("model_d_model") or num("model_n_embd")
+    act_bytes = 2 if precision in ("bf16", "fp16", "bf16-pure", "fp8") else 4
+    return ModelFacts(hidden_size=int(hidden) if hidden else None, act_bytes=act_bytes, n_params=int(num("n_params")), n_params_non_embedding=int(num("n_params_non_embedding") or 0) or None,
                       n_blocks=int(layers) if layers else None, param_bytes=param_bytes, grad_bytes=grad_bytes,
                       bucket_cap_mb=num("bucket_cap_mb") or 25.0, tokens_per_rank=tokens), per_rank
 
@@ -233,7 +243,7 @@ def _entry(pred, base: str, measured: float | None, extrapolation: str | None) -
 
 
 def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, notes):
-    """DDP and ZeRO-3 from a one-rank trace (:mod:`perfkit.analyse.predict`), after the replay check."""
+    """DDP, ZeRO-3 and TP from a one-rank trace (:mod:`perfkit.analyse.predict`), after the replay check."""
     from ..analyse.predict import what_if
     from ..analyse.step_graph import replay_error, step_graphs
 
@@ -291,7 +301,7 @@ def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, 
                 far = f"no measured {layout} point at {p} ranks" + (f"; the nearest measured world size is {near} ({p / near:g}x)" if near else "")
                 out["extrapolation"] = "; ".join(x for x in (far, out["extrapolation"]) if x)
             if check is not None:
-                out.update(check(base.row, parallelism=layout, world_size=p, batch_size=int(per_rank * p)))
+                out.update(check(base.row, parallelism=layout, world_size=p, batch_size=int(_batch(layout, per_rank, p))))
             predictions.append(out)
         notes.append(f"{layout}: base {base.config_id} ({base.row.get('parallelism')}, 1 rank, batch {per_rank:g}): profiled "
                      f"step {profiled_s * 1e3:.2f} ms" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
@@ -334,7 +344,7 @@ def _same_point(row: dict, base: dict, layout: str, p: int, per_rank: float) -> 
     """Whether a traced run's row is ``layout`` at ``p`` ranks of the base's model and per-rank batch."""
     same = all(row.get(c) == base.get(c) for c in ("model", "seq_len", "precision") if base.get(c) == base.get(c))
     return (same and row.get("world_size") == p and str(row.get("parallelism")) in _ALIASES[layout]
-            and row.get("batch_size") == per_rank * p)
+            and row.get("batch_size") == _batch(layout, per_rank, p))
 
 
 def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
@@ -346,7 +356,7 @@ def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: flo
     if any(c not in same for c in need):
         return None
     hit = same[(same["world_size"] == p) & same["parallelism"].isin(_ALIASES[layout])
-               & (same["batch_size"] == per_rank * p) & same["step_time_s"].notna()]
+               & (same["batch_size"] == _batch(layout, per_rank, p)) & same["step_time_s"].notna()]
     if "status" in hit:
         hit = hit[hit["status"] == "ok"]
     return float(hit["step_time_s"].median()) if len(hit) else None
@@ -387,8 +397,8 @@ def _render(result: dict) -> str:
     if result.get("recorded"):
         lines.append(f"recorded: {result['recorded']} (perfkit report draws it beside the measured points)")
     lines += ["", "assumptions:"] + [f"  - {a}" for a in result["network"] + seen + result["notes"]]
-    lines.append("  - not modelled: tensor parallelism, pipeline x data parallelism, the wrappers' host work beyond the "
-                 "base's, compute slowed by collectives sharing its cores or memory, stragglers")
+    lines.append("  - not modelled: TP x DP, pipeline x data parallelism, sequence parallelism, the wrappers' host work "
+                 "beyond the base's, compute slowed by collectives sharing its cores or memory, stragglers")
     return "\n".join(lines)
 
 
