@@ -4,6 +4,8 @@ PYTHONPATH, as a user's package would be)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -198,3 +200,56 @@ def simulated_device(capacity_bytes: int = 2**26, per_sample_bytes: int = 2**16,
         return torch.randn(batch_size, width, generator=gen), torch.randn(batch_size, generator=gen)
 
     return {"model": model, "make_batch": make_batch, "loss_fn": F.mse_loss}
+
+
+class _DeviceWork(torch.autograd.Function):
+    """Sleeps ``delay_s`` in forward and twice that in backward: the host idle while a device works,
+    as on a GPU (the compute does not compete for the host's cores with communication)."""
+
+    @staticmethod
+    def forward(ctx, x, delay_s: float):
+        ctx.delay_s = delay_s
+        time.sleep(delay_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.delay_s)
+        return grad.clone(), None
+
+
+class _DeviceBlock(nn.Module):
+    def __init__(self, width: int, delay_s: float):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.delay_s = delay_s
+
+    def forward(self, x):
+        return x + self.fc(_DeviceWork.apply(x, self.delay_s))
+
+
+class DeviceLike(nn.Module):
+    """Blocks whose compute is a sleep (:class:`_DeviceWork`) beside a real linear layer each."""
+
+    def __init__(self, width: int, depth: int, delay_s: float):
+        super().__init__()
+        self.layers = nn.ModuleList(_DeviceBlock(width, delay_s) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).squeeze(-1)
+
+
+def device_like(width: int = 256, depth: int = 4, delay_ms: float = 5.0, seed: int = 0):
+    """A model whose step is mostly a simulated device's work: what-if predictions are checked on
+    it where real CPU compute would share the cores with the ranks' communication."""
+    torch.manual_seed(seed)
+    model = DeviceLike(width, depth, delay_ms / 1e3)
+
+    def make_batch(batch_size: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, width, generator=gen), torch.randn(batch_size, generator=gen)
+
+    return {"model": model, "make_batch": make_batch, "loss_fn": F.mse_loss, "blocks": list(model.layers)}

@@ -1,0 +1,72 @@
+"""``perfkit predict``'s what-if against this machine's measurements (issue 48).
+
+From one-rank profiled steps and the gloo collectives measured here (``collectives.ipynb``), DDP
+and ZeRO-3 at 2 ranks are predicted and compared with their own profiled 2-rank steps (like with
+like: the slowest rank's traced step), for two models:
+
+- ``transformer``: perfkit's built-in one, real CPU compute: the two ranks share the two cores with
+  their gloo threads, which no one-rank trace can show;
+- ``device_like`` (``tests/_user_models.py``): each block's compute is a sleep (5 ms forward, 10 ms
+  backward), the host idle while a "device" works, as on a GPU: what the prediction can hold to.
+
+ZeRO-3 is predicted from a one-rank ZeRO-3 (FSDP2) step where there is one, else from the plain
+step. Prints each prediction, its measured point and the error, and the load.
+
+    python benchmarks/predict_check.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+_PROFILE = {"steps": 10, "warmup_steps": 3, "profile": True, "profile_active_steps": 4, "device": "cpu"}
+_MODELS = {
+    "transformer": {"model": "transformer", "seq_len": 64},
+    "device_like": {"model": "_user_models:device_like", "model_path": str(REPO / "tests")},
+}
+_CONFIGS = [{"parallelism": "none", "world_size": 1, "batch_size": 8},
+            {"parallelism": "zero3", "world_size": 1, "batch_size": 8},
+            {"parallelism": "ddp", "world_size": 2, "batch_size": 16},
+            {"parallelism": "zero3", "world_size": 2, "batch_size": 16}]
+
+
+def _perfkit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True, text=True, check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="where the sweeps go (default: a temporary folder)")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="perfkit-predict-check-"))
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min); folders under {out}")
+    net = out / "net"
+    _perfkit("run", str(REPO / "notebooks" / "collectives.ipynb"), "--out", str(net),
+             "-p", "ops", "['all_reduce', 'all_gather', 'reduce_scatter']", "-p", "max_bytes", "4194304")
+    print(f"{'model':<13}{'layout':<7}{'predicted ms':>13}{'measured ms':>13}{'error':>9}  base")
+    for name, model in _MODELS.items():
+        spec = out / f"{name}.yaml"
+        spec.write_text(yaml.safe_dump({"notebook": str(REPO / "notebooks" / "train_step.ipynb"),
+                                        "parameters": {**model, **_PROFILE}, "configs": _CONFIGS}))
+        _perfkit("sweep", str(spec), "--out", str(out / name), "--quiet")
+        result = json.loads(_perfkit("predict", str(out / name), "--network", str(net), "--world-sizes", "2",
+                                     "--blocks", "4" if name == "device_like" else "2", "--json").stdout)
+        for p in result["predictions"]:
+            measured = p["measured_ms"]
+            err = f"{100 * p['error']:+.1f} %" if p["error"] is not None else "-"
+            print(f"{name:<13}{p['layout']:<7}{p['step_ms']:>13.2f}{measured if measured is None else round(measured, 2)!s:>13}"
+                  f"{err:>9}  {p['base']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
