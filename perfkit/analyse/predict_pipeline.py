@@ -35,7 +35,7 @@ from perfkit.analyse.pipeline_bubble import SCHEDULES, check_schedule, predictio
 from perfkit.analyse.predict import Prediction
 from perfkit.core.errors import BadInputError
 
-__all__ = ["PipelineBase", "pipeline_base", "predict_pipeline"]
+__all__ = ["PipelineBase", "pipeline_base", "predict_pipeline", "point_reason"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,13 @@ def pipeline_base(row: dict) -> PipelineBase:
                         tokens_per_microbatch=values["batch_size"] / m * (seq if math.isfinite(seq) else 1.0))
 
 
+def point_reason(schedule: str, ranks: int, microbatches: int) -> str | None:
+    """Why a schedule cannot run at this point (as torch refuses it), or None."""
+    if schedule == "1F1B" and microbatches < ranks:
+        return f"1F1B needs microbatches >= stages ({ranks}), got {microbatches}"
+    return None
+
+
 def predict_pipeline(base: PipelineBase, *, ranks: int, microbatches: int | None = None,
                      schedule: str | None = None, stages_per_rank: int | None = None) -> Prediction:
     """The step at ``ranks`` pipeline ranks (module docstring); ``None``: the base's value."""
@@ -101,8 +108,8 @@ def predict_pipeline(base: PipelineBase, *, ranks: int, microbatches: int | None
         raise BadInputError(f"--schedule {sched}: no closed form to predict it from ({reason})")
     if ranks < 1 or m < 1:
         raise BadInputError(f"pipeline ranks and microbatches must be >= 1, got {ranks} and {m}")
-    if sched == "1F1B" and m < ranks:
-        raise BadInputError(f"1F1B needs microbatches >= stages ({ranks}), got {m}")
+    if (why := point_reason(sched, ranks, m)) is not None:
+        raise BadInputError(why)
     t = base.slot_compute_s * base.ranks * base.stages_per_rank / (ranks * v)
     o = base.slot_overhead_s
     slots = v * m + ranks - 1

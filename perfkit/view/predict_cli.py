@@ -31,6 +31,7 @@ scaling notebooks with profile true) and the collectives of the target network, 
 execution graph (host ops, GPU kernels per stream, launches, waits, collectives) is replayed with
 DDP's gradient all-reduces or ZeRO-3's all-gathers and reduce-scatters added, each costed by the
 ring formulas from the network's alpha-beta fit. Weak scaling: each rank's batch as measured.
+
 --layout tp: the compute divided by the TP degree (norms, embeddings and the loss kept) and four
 activation all-reduces a block (Megatron-LM), one replica's batch on every rank.
 
@@ -64,7 +65,7 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
     p.add_argument("directory", metavar="DIR", help="a results directory with profiled training configurations")
     p.add_argument("--world-sizes", required=True, metavar="N,N,...", help="ranks to predict at, e.g. 8,64,512")
     p.add_argument("--network", metavar="FILE|DIR",
-                   help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives (ddp, zero3)")
+                   help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives (ddp, zero3, tp)")
     p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3, tp, pp, comma-separated (default ddp,zero3)")
     p.add_argument("--microbatches", metavar="M,M,...", help="pp: microbatch counts to predict (default: the base's); "
                    "each microbatch keeps the base's size")
@@ -72,7 +73,7 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
     p.add_argument("--stages-per-rank", type=int, help="pp: stages per rank for Interleaved1F1B (default: the base's)")
     p.add_argument("--trace", metavar="FILE", help="the base's trace, where DIR's rows point elsewhere (a copied folder)")
     p.add_argument("--config", metavar="ID", help="the base configuration (default: DIR's one-rank traced ones)")
-    p.add_argument("--blocks", type=int, help="ZeRO-3 units besides the root (default: the rows' layer count)")
+    p.add_argument("--blocks", type=int, help="ZeRO-3 units besides the root, TP's blocks (default: the rows' layer count)")
     p.add_argument("--device", metavar="NAME", help="beside each prediction, the peak memory per rank on fake tensors "
                    "(as perfkit fit) against this device's memory (h100, mi300x...): a prediction that does not fit says so")
     p.add_argument("--memory-bytes", metavar="SIZE", help="the device's memory, where --device is not in the spec table")
@@ -178,7 +179,7 @@ def run_predict(args) -> int:
 
 def _pipeline(rows: pd.DataFrame, directory: Path, args, world_sizes, microbatches, notes) -> list[dict]:
     """``--layout pp``: each (ranks, microbatches) from the base pipeline configuration."""
-    from ..analyse.predict_pipeline import pipeline_base, predict_pipeline
+    from ..analyse.predict_pipeline import pipeline_base, point_reason, predict_pipeline
 
     pp = rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")] if "parallelism" in rows else rows.iloc[:0]
     if args.config:
@@ -195,14 +196,12 @@ def _pipeline(rows: pd.DataFrame, directory: Path, args, world_sizes, microbatch
     out = []
     for p in world_sizes:
         for m in microbatches:
-            try:
-                pred = predict_pipeline(base, ranks=p, microbatches=m, schedule=args.schedule,
-                                        stages_per_rank=args.stages_per_rank)
-            except BadInputError as exc:
-                if "needs microbatches >=" not in str(exc):
-                    raise
-                notes.append(f"pp at {p} ranks: not predicted: {exc}")
+            why = point_reason(args.schedule or base.schedule, p, m or base.microbatches)
+            if why is not None:
+                notes.append(f"pp at {p} ranks: not predicted: {why}")
                 continue
+            pred = predict_pipeline(base, ranks=p, microbatches=m, schedule=args.schedule,
+                                    stages_per_rank=args.stages_per_rank)
             d = pred.detail
             measured = _measured_pp(rows, first, p, d["microbatches"], d["schedule"], base.microbatch_size)
             entry = _entry(pred, f"{base.config_id}/pp", measured, None)
