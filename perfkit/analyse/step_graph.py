@@ -180,8 +180,11 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
         return np.isin(ev.cat_id, ev.ids_of(lambda c: c in names))
 
     in_step = (ev.ts_us >= s0) & (ev.ts_us < s1)
-    comm = np.flatnonzero(is_cat("user_annotation") & in_step & ~((ev.pid == pid) & (ev.tid == tid)))
-    comm = [int(i) for i in comm if _COMM_NAME_RE.match(_name(ev, i))]
+    # Communication spans (gloo:all_reduce on gloo's threads; gloo:send/recv on the step's own
+    # thread, an isend's span that outlives the call issuing it): nodes of their own lanes, issued
+    # by the op running at their start, never the host's tasks.
+    comm_named = is_cat("user_annotation") & np.isin(ev.name_id, ev.ids_of(lambda n: _COMM_NAME_RE.match(n) is not None))
+    comm = [int(i) for i in np.flatnonzero(comm_named & in_step & (ev.pid == pid))]
     comm_threads = {int(ev.tid[i]) for i in comm}
     # The step's thread, and every other thread of its process that ran ops in the step (the
     # autograd engine's device threads run a GPU backward), each one host lane of its leaves.
@@ -192,7 +195,7 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
     host_rows: list[int] = []
     lane_of: dict[int, str] = {}
     for t in lanes:
-        on = np.flatnonzero((ev.pid == pid) & (ev.tid == t) & in_step & host_cats)
+        on = np.flatnonzero((ev.pid == pid) & (ev.tid == t) & in_step & host_cats & ~comm_named)
         on = on[on != row]
         on = on[np.lexsort((-ev.dur_us[on], ev.ts_us[on]))]
         on = on[_leaves(ev.ts_us[on], ev.end_us[on], runtime[on])]
@@ -248,8 +251,7 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
             name = _name(ev, i)
             n = g.add(name=name, kind=HOST, lane=lane, start_us=start, dur_us=max(0.0, work),
                       lane_prev=prev, lane_gap_us=gap, issue=issue, issue_offset_us=offset, waits=waits,
-                      end_wait=end_wait, end_tail_us=end_tail,
-                      op=name.split(":", 1)[1] if _COMM_NAME_RE.match(name) else None)  # gloo's send, recv: the host's
+                      end_wait=end_wait, end_tail_us=end_tail)
             lane_end[lane] = max(end, prev_end)
             if lane != HOST:
                 side_nodes.append(n)
@@ -268,7 +270,9 @@ def _build(ev: TraceEvents, step: int, row: int) -> StepGraph:
                       lane_prev=prev, lane_gap_us=gap, issue=launcher, issue_offset_us=offset)
             device_nodes.append(n)
         else:
-            lane = f"thread {int(ev.tid[i])}"
+            # A collective thread runs its calls in order; the step thread's isend/irecv spans
+            # overlap one another (a send beside its recv), each on a lane of its own.
+            lane = f"thread {int(ev.tid[i])}" if ev.tid[i] != tid else f"p2p {_name(ev, i)} {i}"
             prev = last_on.get(lane, -1)
             issuer = last_on.get(HOST, -1)
             n = g.add(name=_name(ev, i), kind=COMM, lane=lane, start_us=start, dur_us=end - start, lane_prev=prev,

@@ -147,44 +147,38 @@ def _expand_ids(job_id: str) -> list[str]:
     return ids
 
 
-def _slurm_states(job_ids: Sequence[str]) -> dict[str, str] | None:
-    """Each job's state (first word) as sacct reports it; None when sacct did not answer."""
+def _sacct(job_ids: Sequence[str], field: str) -> dict[str, str] | None:
+    """Each job's ``field`` as sacct reports it (allocations only, ``-X``), by job id with array
+    ranges expanded; None when sacct did not answer."""
     arrays = sorted({j.split("_")[0] for j in job_ids})
     if not arrays:
         return {}
     try:
-        cp = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(arrays)],
+        cp = subprocess.run(["sacct", "-n", "-X", "-P", "-o", f"JobID,{field}", "-j", ",".join(arrays)],
                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if cp.returncode != 0:
         return None
-    states: dict[str, str] = {}
+    values: dict[str, str] = {}
     for line in cp.stdout.splitlines():
-        jid, _, state = line.strip().partition("|")
-        if jid and state:
+        jid, _, value = line.strip().partition("|")
+        if jid and value.strip():
             for one in _expand_ids(jid):
-                states[one] = state.split()[0].rstrip("+")
-    return states
+                values[one] = value.strip()
+    return values
+
+
+def _slurm_states(job_ids: Sequence[str]) -> dict[str, str] | None:
+    """Each job's state (first word) as sacct reports it; None when sacct did not answer."""
+    states = _sacct(job_ids, "State")
+    return None if states is None else {j: s.split()[0].rstrip("+") for j, s in states.items()}
 
 
 def _slurm_elapsed(job_ids: Sequence[str]) -> dict[str, float] | None:
     """Each job's allocation time, seconds (sacct ``ElapsedRaw``); None when sacct did not answer."""
-    arrays = sorted({j.split("_")[0] for j in job_ids})
-    try:
-        cp = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,ElapsedRaw", "-j", ",".join(arrays)],
-                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if cp.returncode != 0:
-        return None
-    elapsed: dict[str, float] = {}
-    for line in cp.stdout.splitlines():
-        jid, _, raw = line.strip().partition("|")
-        if jid and raw.strip().isdigit():
-            for one in _expand_ids(jid):
-                elapsed[one] = float(raw)
-    return elapsed
+    raw = _sacct(job_ids, "ElapsedRaw")
+    return None if raw is None else {j: float(v) for j, v in raw.items() if v.isdigit()}
 
 
 def _busy(ran: dict[str, dict], ledger: Ledger, wall_s: float) -> BusyShare:
