@@ -17,7 +17,8 @@
 #              hf:llama inference), its report, advice and per-configuration walls
 #              (its ledger), packed; its device-busy share (view cells overlapped, the
 #              GPU default) goes into the summary. H200 before (issue 45): 16 configurations
-#              took 235 s of sweep wall for under 30 s of GPU work         -> sweep.tar.gz
+#              took 235 s of sweep wall for under 30 s of GPU work; perfkit predict on
+#              its trace: the replay error of every traced step (goal 5 %)  -> sweep.tar.gz
 # Every step's stderr goes to steps.log, the summary to summary.txt: 8 files at most in OUT_DIR.
 # Without a GPU (torch.cuda.is_available() is False) the GPU-only steps are skipped and say so,
 # and the gpu-marked tests skip with their reason: the script's own logic runs on any machine.
@@ -53,11 +54,11 @@ if [ -n "$WHEELS" ] && ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   exit 2
 fi
 
-# Seconds per step; together 445 s, and installing --wheels ~30 s on a 16-core node (45 s for 70
+# Seconds per step; together 460 s, and installing --wheels ~30 s on a 16-core node (45 s for 70
 # wheels on 2 cores): under 8 minutes in all (the H200 took 128 s for the
 # first version's steps, 66 s for the isolated OOM search, 91 s for bf16/fp8 eager and compiled).
 STEPS=(env ceiling gpu_tests probes nccl sweep)
-declare -A LIMIT_S=([env]=20 [ceiling]=40 [gpu_tests]=85 [probes]=180 [nccl]=30 [sweep]=90)
+declare -A LIMIT_S=([env]=20 [ceiling]=40 [gpu_tests]=85 [probes]=180 [nccl]=30 [sweep]=105)
 declare -A GPU_ONLY=([env]=0 [ceiling]=1 [gpu_tests]=0 [probes]=1 [nccl]=1 [sweep]=1)
 
 if [ "$DRY" = 1 ]; then
@@ -138,6 +139,27 @@ else
   echo "gpu_check: no GPU (torch.cuda.is_available() is False): GPU-only steps are skipped"
 fi
 
+# perfkit predict on the sweep's own GPU trace (issue 48): every traced step replayed from its
+# graph (the "REPLAY:" line: the worst |error| of any rank), then DDP and ZeRO-3 at 8 and 64 ranks
+# on the reference H100 table where shared/ is beside or inside the checkout.
+replay_check() {
+  local dir="$1" net=""
+  for n in "$REPO/../shared" "$REPO/shared"; do
+    [ -f "$n/reference/native/nccl-tests-nccl2.21.5-h100-2node-16rank-allreduce.txt" ] &&
+      net="$n/reference/native/nccl-tests-nccl2.21.5-h100-2node-16rank-allreduce.txt" && break
+  done
+  if [ -z "$net" ]; then
+    echo "REPLAY: not run (no shared/reference/native/ beside or inside the checkout for --network)"
+    return 0
+  fi
+  "$PY" -m perfkit.cli predict "$dir" --network "$net" --world-sizes 8,64 >"$dir/predict.txt" 2>&1 ||
+    { echo "REPLAY: perfkit predict failed: $(tail -n 1 "$dir/predict.txt")"; return 0; }
+  grep -o 'worst replay error [-+0-9.]* %' "$dir/predict.txt" |
+    awk '{v = $4 + 0; if (v < 0) v = -v; if (v > m) m = v; n++}
+         END {if (n) printf "REPLAY: %d traced rank(s) replayed, worst |error| %.2f %% (goal 5 %%)\n", n, m;
+              else print "REPLAY: no traced step in the sweep"}'
+}
+
 # One step's command (stdout is the step's output file).
 step_cmd() {
   case "$1" in
@@ -157,6 +179,7 @@ step_cmd() {
                 grep "^device busy" "$work/closing.txt" | sed 's/^/BUSY: /' >&2
                 "$PY" -m perfkit.cli report "$work/sweep" -o "$work/sweep/report.html" >&2
                 "$PY" -m perfkit.cli advise "$work/sweep" >"$work/sweep/advise.md"
+                replay_check "$work/sweep" >&2
                 cp "$work/spec.yaml" "$work/sweep/"
                 tar -C "$work" -czf - sweep
                 rm -rf "$work"
@@ -180,7 +203,7 @@ for s in "${STEPS[@]}"; do
   t0=$(date +%s)
   # step_cmd runs in a subshell under timeout's process group; --kill-after ends a step that
   # ignores SIGTERM (a hung NCCL call).
-  export -f step_cmd; export PY REPO
+  export -f step_cmd replay_check; export PY REPO
   timeout --kill-after=10 "${LIMIT_S[$s]}" bash -c "step_cmd $s" >"$DEST/${OUTFILE[$s]}" 2>>"$LOG"
   rc=$?
   dt=$(( $(date +%s) - t0 ))
@@ -202,6 +225,8 @@ if [ -n "$busy" ]; then
 elif [ "$HAS_GPU" = 1 ]; then
   RESULT[sweep]="${RESULT[sweep]}; device busy: not measured (no closing line from perfkit sweep)"
 fi
+replay="$(grep -h '^REPLAY: ' "$LOG" | tail -n 1 | cut -c9-)"
+[ -n "$replay" ] && RESULT[sweep]="${RESULT[sweep]}; predict: $replay"
 {
   echo "gpu_check summary ($(( $(date +%s) - start_all )) s, outputs in $DEST)"
   for s in "${STEPS[@]}"; do printf '  %-11s %s\n' "$s" "${RESULT[$s]}"; done
