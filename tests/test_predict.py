@@ -321,7 +321,7 @@ def _folders(tmp_path: Path, trace: Path, alpha_s: float = 2e-4, bus: float = 1e
     runs = tmp_path / "runs"
     common = {"workload": "train_step", "status": "ok", "model": "transformer", "seq_len": 32, "precision": "fp32",
               "n_params": CPU_FACTS["n_params"], "n_params_non_embedding": CPU_FACTS["n_params_non_embedding"],
-              "model_n_layers": 2}
+              "model_n_layers": 2, "model_d_model": 64}
     write_rows(pd.DataFrame([
         {**common, "config_id": "one", "parallelism": "none", "world_size": 1, "batch_size": 4, "step_time_s": 0.02,
          "trace_path": str(trace)},
@@ -407,6 +407,13 @@ def test_memory_per_rank_beside_each_prediction_says_when_it_does_not_fit(cpu_tr
     assert "H100" in got[2]["memory_budget_source"] and "10% headroom" in got[2]["memory_budget_source"]
     small = _cli(runs, "--world-sizes", "2", "--network", net, "--layout", "zero3", "--memory-bytes", "64KB")
     assert small.returncode == 0 and "DOES NOT FIT" in small.stdout, small.stdout
+    # TP: not on fake tensors; the analytic model shards the plan's projections (the built-in
+    # transformer has one), and says so.
+    tp = _cli(runs, "--world-sizes", "1,2", "--network", net, "--layout", "tp", "--device", "h100", "--json")
+    assert tp.returncode == 0, tp.stderr
+    by = {p["world_size"]: p for p in json.loads(tp.stdout)["predictions"]}
+    assert by[2]["memory_method"].startswith("analytic") and by[2]["fits"] is True
+    assert 0 < by[2]["memory_peak_bytes_per_rank"] < by[1]["memory_peak_bytes_per_rank"]
     bad = _cli(runs, "--world-sizes", "2", "--network", net, "--device", "nonesuch")
     assert bad.returncode == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 

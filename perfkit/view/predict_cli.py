@@ -387,8 +387,9 @@ def _render(result: dict) -> str:
                          + (f"; unprofiled {unprof:.2f} ms" if unprof else ""))
         if "fits" in p:
             peak = p["memory_peak_bytes_per_rank"]
+            how = f" ({p['memory_method']})" if (p.get("memory_method") or "").startswith("analytic") else ""
             lines.append(f"{'':13}memory: " + (f"{peak / 2**30:.2f} GiB per rank of {p['memory_budget_bytes'] / 2**30:.1f} GiB: "
-                                               + ("fits" if p["fits"] else "DOES NOT FIT") if peak is not None
+                                               + ("fits" if p["fits"] else "DOES NOT FIT") + how if peak is not None
                                                else f"not predicted ({p['memory_reason']})"))
     seen = []
     for p in result["predictions"]:

@@ -97,12 +97,23 @@ def memory_checker(device: str | None, memory_bytes: str | None, headroom: float
                               batch_size=int(batch_size), precision=str(row.get("precision") or "fp32"),
                               parallelism=parallelism, world_size=int(world_size), device="cpu", count_flops=False,
                               **({"seq_len": int(seq)} if isinstance(seq, (int, float)) and seq == seq else {}))
-            reason = memory_fit.fit_reason(cfg)
-            peak = None if reason else memory_fit.predict(cfg).peak_bytes
+            reason, method = memory_fit.fit_reason(cfg), "fake tensors (perfkit fit)"
+            if reason is None:
+                peak = memory_fit.predict(cfg).peak_bytes
+            elif parallelism == "tp":  # the analytic model shards the plan's projections
+                from perfkit.measuring.training import memory_model
+
+                peak, reason = memory_model.predicted_peak_bytes(cfg), None
+                method = "analytic (memory_model: the plan's projections sharded, activations per rank)"
+                if peak != peak:  # NaN: no activation model for this model
+                    peak, reason = None, (f"TP is not modelled on fake tensors, and the analytic model has no "
+                                          f"activation model for {cfg.model}")
+            else:
+                peak = None
         except (BadInputError, ValueError, TypeError, RuntimeError) as exc:  # a model this host cannot build
             peak, reason = None, f"{type(exc).__name__}: {exc}"
-        return {**out, "memory_peak_bytes_per_rank": peak, "memory_reason": reason,
-                "fits": None if peak is None else bool(peak <= budget)}
+        return {**out, "memory_peak_bytes_per_rank": peak, "memory_reason": reason, "memory_method": method
+                if peak is not None else None, "fits": None if peak is None else bool(peak <= budget)}
 
     return check
 
