@@ -454,7 +454,7 @@ def test_a_pipeline_prediction_reproduces_its_base_and_scales_by_narayanans_slot
     (_pp_row(parallelism="ddp"), {}, "not a pipeline configuration"),
     (_pp_row(pp_schedule="ZBVZeroBubble"), {}, "weight-gradient"),
     (_pp_row(microbatch_overhead_s=None), {}, "no microbatch_overhead_s"),
-    (_pp_row(), {"ranks": 8, "microbatches": 4}, "1F1B needs microbatches >= stages (8)"),
+    (_pp_row(), {"ranks": 8, "microbatches": 4}, "1F1B needs n_microbatches >= stages (8)"),
     (_pp_row(), {"ranks": 2, "schedule": "InterleavedZeroBubble", "stages_per_rank": 2}, "no closed form"),
     (_pp_row(), {"ranks": 2, "schedule": "GPipe", "stages_per_rank": 2}, "GPipe runs one stage per rank"),
 ])

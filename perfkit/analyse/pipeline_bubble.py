@@ -61,7 +61,7 @@ from perfkit.core.errors import BadInputError
 if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
     import pandas as pd
 
-__all__ = ["SCHEDULES", "WORKLOAD_KEYS", "OVERHEAD_LIMIT", "check_schedule", "predicted_bubble_fraction", "prediction_reason", "measured_bubble_fraction",
+__all__ = ["SCHEDULES", "WORKLOAD_KEYS", "OVERHEAD_LIMIT", "check_schedule", "point_reason", "predicted_bubble_fraction", "prediction_reason", "measured_bubble_fraction",
            "rank_bubble_fraction", "StepTimeFit", "fit_step_time", "bubble_table", "row_columns"]
 
 #: Schedule names as perfkit spells them (torch.distributed.pipelining's `get_schedule_class`
@@ -88,6 +88,20 @@ def check_schedule(schedule: str, stages_per_rank: int) -> None:
                             f"stages_per_rank >= 2 (got {v})")
     if needed is not None and needed > 1 and v != needed:
         raise BadInputError(f"{schedule} needs exactly {needed} stages per rank, got {v}")
+
+
+def point_reason(schedule: str, ranks: int, microbatches: int) -> str | None:
+    """Why torch's ``schedule`` refuses ``microbatches`` on ``ranks`` pipeline ranks, or None: 1F1B
+    needs a microbatch per stage in flight; the interleaved schedules split the microbatches into
+    rounds of max(1, m // p)."""
+    p, m = ranks, microbatches
+    if schedule == "1F1B" and m < p:  # torch's Schedule1F1B refuses it
+        return f"1F1B needs n_microbatches >= stages ({p}), got {m}"
+    if SCHEDULES.get(schedule, 1) != 1:
+        rounds = max(1, m // p)
+        if m % rounds:
+            return f"{schedule} needs n_microbatches a multiple of max(1, m // p) = {rounds}, got {m}"
+    return None
 
 
 def prediction_reason(schedule: str) -> str | None:

@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from perfkit.analyse.pipeline_bubble import SCHEDULES, check_schedule, prediction_reason
+from perfkit.analyse.pipeline_bubble import SCHEDULES, check_schedule, point_reason, prediction_reason
 from perfkit.analyse.predict import Prediction
 from perfkit.core.errors import BadInputError
 
-__all__ = ["PipelineBase", "pipeline_base", "predict_pipeline", "point_reason"]
+__all__ = ["PipelineBase", "pipeline_base", "predict_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,6 @@ def pipeline_base(row: dict) -> PipelineBase:
                         slot_overhead_s=values["microbatch_overhead_s"], window_s=values["pipeline_time_s"],
                         step_s=values["step_time_s"], microbatch_size=values["batch_size"] / m,
                         tokens_per_microbatch=values["batch_size"] / m * (seq if math.isfinite(seq) else 1.0))
-
-
-def point_reason(schedule: str, ranks: int, microbatches: int) -> str | None:
-    """Why a schedule cannot run at this point (as torch refuses it), or None."""
-    if schedule == "1F1B" and microbatches < ranks:
-        return f"1F1B needs microbatches >= stages ({ranks}), got {microbatches}"
-    return None
 
 
 def predict_pipeline(base: PipelineBase, *, ranks: int, microbatches: int | None = None,

@@ -179,7 +179,8 @@ def run_predict(args) -> int:
 
 def _pipeline(rows: pd.DataFrame, directory: Path, args, world_sizes, microbatches, notes) -> list[dict]:
     """``--layout pp``: each (ranks, microbatches) from the base pipeline configuration."""
-    from ..analyse.predict_pipeline import pipeline_base, point_reason, predict_pipeline
+    from ..analyse.pipeline_bubble import point_reason
+    from ..analyse.predict_pipeline import pipeline_base, predict_pipeline
 
     pp = rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")] if "parallelism" in rows else rows.iloc[:0]
     if args.config:
@@ -220,10 +221,7 @@ def _pipeline(rows: pd.DataFrame, directory: Path, args, world_sizes, microbatch
 
 
 def _measured_pp(rows, base: dict, p: int, m: int, schedule: str, microbatch: float) -> float | None:
-    same = rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")]
-    for col in ("model", "seq_len", "precision", "model_size"):
-        if col in same and base.get(col) is not None:
-            same = same[same[col].astype(str) == str(base[col])]
+    same = _same_workload(rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")], base)
     hit = same[(same["world_size"] == p) & (same["n_microbatches"] == m) & (same["pp_schedule"] == schedule)
                & (same["batch_size"] == round(microbatch * m))]
     hit = hit[hit["step_time_s"].notna()]
@@ -269,6 +267,9 @@ def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, 
         steps = [max(g.measured_us for g in same) for same in zip(*per_rank)]
         if steps:
             traced_ms[(r.config_id, r.run)] = statistics.median(steps) / 1e3
+    traced_rows = pd.DataFrame([r.row for r in runs if (r.config_id, r.run) in traced_ms],
+                               index=pd.Index([(r.config_id, r.run) for r in runs if (r.config_id, r.run) in traced_ms],
+                                              tupleize_cols=False), dtype=object)
     predictions = []
     for layout in layouts:
         bases = [r for r in runs if int(r.row.get("world_size") or 1) == 1
@@ -287,8 +288,7 @@ def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, 
                            key=lambda x: x.step_s)
             pred = preds[len(preds) // 2]
             unprofiled = _measured(rows, base.row, layout, p, per_rank)
-            traced = [traced_ms[(r.config_id, r.run)] / 1e3 for r in runs if (r.config_id, r.run) in traced_ms
-                      and _same_point(r.row, base.row, layout, p, per_rank)]
+            traced = [traced_ms[key] / 1e3 for key in _at_point(traced_rows, base.row, layout, p, per_rank).index]
             # Like with like: the base's graph ran under the profiler, so a target traced too is the check.
             measured = statistics.median(traced) if traced else unprofiled
             out = _entry(pred, f"{base.config_id}/{base.run}", measured, network.extrapolation(p))
@@ -339,23 +339,33 @@ def _record(directory: Path, predictions: list[dict], network_source: str) -> Pa
     return path
 
 
-def _same_point(row: dict, base: dict, layout: str, p: int, per_rank: float) -> bool:
-    """Whether a traced run's row is ``layout`` at ``p`` ranks of the base's model and per-rank batch."""
-    same = all(row.get(c) == base.get(c) for c in ("model", "seq_len", "precision") if base.get(c) == base.get(c))
-    return (same and row.get("world_size") == p and str(row.get("parallelism")) in _ALIASES[layout]
-            and row.get("batch_size") == _batch(layout, per_rank, p))
+#: What makes two rows the same workload (compared as text: ``model_size`` is a mapping).
+_WORKLOAD = ("model", "model_size", "seq_len", "precision")
+
+
+def _same_workload(rows: pd.DataFrame, base: dict) -> pd.DataFrame:
+    """The rows of the base's model, size, sequence length and precision (those the base has)."""
+    for col in _WORKLOAD:
+        value = base.get(col)
+        if col in rows and value is not None and value == value:
+            rows = rows[rows[col].astype(str) == str(value)]
+    return rows
+
+
+def _at_point(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> pd.DataFrame:
+    """The rows of the base's workload that ran ``layout`` at ``p`` ranks with its per-rank batch."""
+    same = _same_workload(rows, base)
+    if any(c not in same for c in ("world_size", "parallelism", "batch_size")):
+        return same.iloc[:0]
+    return same[(same["world_size"] == p) & same["parallelism"].isin(_ALIASES[layout])
+                & (same["batch_size"] == _batch(layout, per_rank, p))]
 
 
 def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
-    same = rows
-    for col in ("model", "seq_len", "precision"):
-        if col in rows and base.get(col) is not None and base.get(col) == base.get(col):
-            same = same[same[col] == base[col]]
-    need = ["world_size", "parallelism", "batch_size", "step_time_s"]
-    if any(c not in same for c in need):
+    hit = _at_point(rows, base, layout, p, per_rank)
+    if "step_time_s" not in hit:
         return None
-    hit = same[(same["world_size"] == p) & same["parallelism"].isin(_ALIASES[layout])
-               & (same["batch_size"] == _batch(layout, per_rank, p)) & same["step_time_s"].notna()]
+    hit = hit[hit["step_time_s"].notna()]
     if "status" in hit:
         hit = hit[hit["status"] == "ok"]
     return float(hit["step_time_s"].median()) if len(hit) else None

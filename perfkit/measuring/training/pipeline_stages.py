@@ -44,13 +44,8 @@ def skip_reason(cfg, *, blocks: int, device: str) -> str | None:
         return f"batch_size {cfg.batch_size} does not split into {m} equal microbatches"
     # How many stages a schedule holds per rank is checked with the parameters (BadInputError,
     # pipeline_bubble.check_schedule): what is left here depends on the batch, the model, the device.
-    needed = pipeline_bubble.SCHEDULES[schedule]
-    if schedule == "1F1B" and m < p:  # torch's Schedule1F1B refuses it
-        return f"1F1B needs n_microbatches >= stages ({p}), got {m}"
-    if needed != 1:
-        rounds = max(1, m // p)  # torch's interleaved schedules: m must split into rounds of ~p
-        if m % rounds:
-            return f"{schedule} needs n_microbatches a multiple of max(1, m // p) = {rounds}, got {m}"
+    if (why := pipeline_bubble.point_reason(schedule, p, m)) is not None:
+        return why
     if blocks < p * v:
         return (f"the {cfg.model} has {blocks} blocks, fewer than the {p * v} stages "
                 f"({p} ranks × {v}); give it more layers")
