@@ -16,10 +16,16 @@ Experiments (``--experiments``, default all):
   sweeps one after the other). Interleaving spreads the load over both sides; back to back puts it
   all on B, so B looks slower.
 
+``--drift SIGMA`` gives every round a level of its own, as runs on a shared GPU cluster have
+(2–5 %): the round's matmul inner dimension is scaled by exp(N(0, SIGMA)). With ``--rounds 1``
+that is issue 53's case, two sweeps of one run each: each trial is then also judged as the gate
+judged it before (``run_to_run=0``: the bootstrap alone, blind to the spread between runs), on
+the same samples.
+
 Prints, per experiment, the count of each verdict, the rate of the one that matters and the
 median wall time per trial, with the load average before the run.
 
-    python benchmarks/compare_power.py [--trials 20] [--rounds 6] [--threads 1] [--experiments aa ab10 ...]
+    python benchmarks/compare_power.py [--trials 20] [--rounds 6] [--threads 1] [--drift 0.05] [--experiments aa ab10 ...]
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -60,8 +68,8 @@ def _round(m: int, k: int, run_time_s: float, threads: int) -> list[float]:
 
 
 def trial(*, m: int, k_base: int, k_new: int, rounds: int, interleave: bool, load_half: bool, run_time_s: float,
-          threads: int) -> tuple[str, float]:
-    """One comparison: (verdict, wall time in seconds)."""
+          threads: int, drift: float = 0.0, rng=None) -> tuple[str, str, float]:
+    """One comparison: (verdict, the verdict blind to run-to-run spread, wall time in seconds)."""
     if interleave:
         order = [side for r in range(rounds) for side in (("a", "b") if r % 2 == 0 else ("b", "a"))]
     else:
@@ -73,15 +81,19 @@ def trial(*, m: int, k_base: int, k_new: int, rounds: int, interleave: bool, loa
         for i, side in enumerate(order):
             if load_half and busy is None and i >= len(order) // 2:
                 busy = subprocess.Popen([sys.executable, "-c", _BUSY])
-            groups[side].append(_round(m, k_base if side == "a" else k_new, run_time_s, threads))
+            k = k_base if side == "a" else k_new
+            level = float(np.exp(rng.normal(0.0, drift))) if drift else 1.0
+            groups[side].append(_round(m, max(1, round(k * level)), run_time_s, threads))
     finally:
         if busy is not None:
             busy.kill()
             busy.wait()
     wall_s = time.perf_counter() - t0
     c = compare_samples(groups["a"], groups["b"])
+    blind = compare_samples(groups["a"], groups["b"], run_to_run=0.0)
     # One point per trial: Holm over one p-value is the p-value itself.
-    return verdict(c, p_adjusted=c.p_value, lower_is_better=True)[0], wall_s
+    return (verdict(c, p_adjusted=c.p_value, lower_is_better=True)[0],
+            verdict(blind, p_adjusted=blind.p_value, lower_is_better=True)[0], wall_s)
 
 
 def main() -> None:
@@ -93,27 +105,34 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="the matmul is (size × k) @ (k × size)")
     parser.add_argument("--k", type=int, default=512, help="inner dimension of side A")
     parser.add_argument("--run-time-s", type=float, default=0.3, help="timed run per round (perfkit.measure)")
+    parser.add_argument("--drift", type=float, default=0.0,
+                        help="σ of each round's own level (log scale; 0.05: a 5 %% spread between runs)")
+    parser.add_argument("--seed", type=int, default=0, help="of the rounds' levels under --drift")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP threads of each round (1: a 2-thread round on 2 shared cores is hostage to any neighbour)")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
           f"{args.trials} trials × {args.rounds} rounds per side; matmul {args.size}×{args.k} @ {args.k}×{args.size}, "
-          f"{args.threads} threads")
+          f"{args.threads} threads" + (f"; each round's level drifts σ = {args.drift:g}" if args.drift else ""))
+    rng = np.random.default_rng(args.seed)
     goals = {"aa": ("slower", "≤ 1/20"), "ab10": ("slower", "≥ 19/20"),
              "load-interleaved": ("slower", "false alarms"), "load-back-to-back": ("slower", "false alarms")}
     for name in args.experiments:
         k_new = round(args.k * 1.1) if name == "ab10" else args.k
-        verdicts, walls = Counter(), []
+        verdicts, blind, walls = Counter(), Counter(), []
         for _ in range(args.trials):
-            v, wall_s = trial(m=args.size, k_base=args.k, k_new=k_new, rounds=args.rounds,
-                              interleave=name != "load-back-to-back", load_half=name.startswith("load"),
-                              run_time_s=args.run_time_s, threads=args.threads)
+            v, b, wall_s = trial(m=args.size, k_base=args.k, k_new=k_new, rounds=args.rounds,
+                                 interleave=name != "load-back-to-back", load_half=name.startswith("load"),
+                                 run_time_s=args.run_time_s, threads=args.threads, drift=args.drift, rng=rng)
             verdicts[v] += 1
+            blind[b] += 1
             walls.append(wall_s)
         watched, goal = goals[name]
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items()))
-        print(f"{name:<18} {watched} {verdicts[watched]}/{args.trials} ({verdicts[watched] / args.trials:.0%}; goal {goal})"
-              f"  [{counts}]  median {statistics.median(walls):.1f} s per trial", flush=True)
+        for label, tally in (("", verdicts), (" (blind to run-to-run, as before issue 53)", blind)):
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+            print(f"{name:<18} {watched} {tally[watched]}/{args.trials} ({tally[watched] / args.trials:.0%}; goal {goal})"
+                  f"  [{counts}]{label}", flush=True)
+        print(f"{'':<18} median {statistics.median(walls):.1f} s per trial", flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -2,6 +2,9 @@
 
 Samples are synthetic with known answers (a shift of exactly 10 %, identical distributions, heavy
 noise), so each verdict is certain; the statistics themselves are tested in test_ab_stats.py.
+The synthetic runs differ by nothing but their 1 % sample noise, so most tests state that spread
+(``--run-to-run 0.01``, :data:`QUIET`); the default, which assumes the 5 % of shared GPU clusters
+where one round cannot measure it, has tests of its own (issue 53).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+from functools import partial
 
 from perfkit.analyse.compare import compare_by, compare_frames
 from perfkit.cli import main
@@ -48,8 +53,14 @@ def _sweep(root: Path, times: dict, *, seed, sigma=0.01, n=20, failed=(), rounds
     return root
 
 
-def _cli(capsys, *args) -> tuple[int, str, str]:
-    code = main(["compare", *map(str, args)])
+QUIET = 0.01
+"""The run-to-run spread these synthetic runs have: none beyond their 1 % sample noise."""
+_frames = partial(compare_frames, run_to_run=QUIET)
+
+
+def _cli(capsys, *args, default_spread=False) -> tuple[int, str, str]:
+    stated = [] if default_spread or "--run-to-run" in args else ["--run-to-run", QUIET]
+    code = main(["compare", *map(str, args), *map(str, stated)])
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -64,7 +75,7 @@ def dirs(tmp_path):
 def test_a_10_percent_slower_point_is_slower_and_exits_1(dirs, capsys):
     code, out, _ = _cli(capsys, *dirs)
     assert code == 1
-    c = compare_frames(load(dirs[0]), load(dirs[1]))
+    c = _frames(load(dirs[0]), load(dirs[1]))
     verdicts = dict(zip(c.points["point"], c.points["verdict"]))
     assert verdicts == {"gemm.ipynb dtype=fp32 size=1024": "slower", "gemm.ipynb dtype=fp32 size=128": "same"}
     slow = c.points.iloc[0]
@@ -72,6 +83,24 @@ def test_a_10_percent_slower_point_is_slower_and_exits_1(dirs, capsys):
     assert slow["p_holm"] == pytest.approx(2 * slow["p_value"])  # Holm over 2 points: the smallest p × 2
     assert "1 slower, 1 same (Holm over 2 points) → exit 1" in out
     assert out.index("size=1024") < out.index("size=128")  # slower first
+
+
+def test_the_default_gate_holds_for_unchanged_sweeps_that_drift_5_percent_between_runs(tmp_path, capsys):
+    """Issue 53: two unchanged sweeps whose steps drift 5 % from run to run exited 1 in 6 of 12
+    ``perfkit compare A B`` pairs; a 10 % regression was called the same. With the defaults, one
+    round a side holds the assumed spread: at most 1 pair in 20 exits 1, a regression never 0."""
+    drift = np.random.default_rng(53)
+    codes = {"unchanged": [], "10 % slower": []}
+    for pair in range(40):
+        for case, factor in (("unchanged", 1.0), ("10 % slower", 1.1)):
+            root = tmp_path / f"{pair}-{factor}"
+            run = {side: float(np.exp(drift.normal(0, 0.05))) for side in ("a", "b")}
+            a = _sweep(root / "a", {1024: 1e-2 * run["a"]}, seed=2 * pair)
+            b = _sweep(root / "b", {1024: 1e-2 * run["b"] * factor}, seed=2 * pair + 1)
+            codes[case].append(_cli(capsys, a, b, default_spread=True)[0])
+    assert sum(c == 1 for c in codes["unchanged"]) <= 2, codes  # the old gate: 10 of these 40
+    assert 0 not in codes["10 % slower"], codes  # never passed as the same
+    assert set(codes["unchanged"]) <= {0, 1, 3}
 
 
 def test_identical_distributions_are_same_and_exit_0(tmp_path, capsys):
@@ -88,13 +117,13 @@ def test_noisy_points_are_inconclusive_and_exit_3(tmp_path, capsys):
     code, out, _ = _cli(capsys, base, new)
     assert code == 3
     assert "1 inconclusive" in out and "too noisy to tell" in out
-    assert "1 round per side" in out  # two sweeps of one round each: said in the notes
+    assert "too few rounds to measure run-to-run variation" in out  # two sweeps of one round each: said
 
 
 def test_one_side_and_failed_configurations_are_listed(tmp_path, capsys):
     base = _sweep(tmp_path / "a", {128: 1e-3, 1024: 1e-2, 4096: 0.5}, seed=1)
     new = _sweep(tmp_path / "b", {128: 1e-3, 1024: 1e-2, 256: 2e-3}, seed=2, failed=(1024,))
-    c = compare_frames(load(base), load(new))
+    c = _frames(load(base), load(new))
     assert set(c.points["point"]) == {"gemm.ipynb dtype=fp32 size=128"}
     one = {(r.side, r.point) for r in c.one_side.itertuples()}
     assert one == {("base", "gemm.ipynb dtype=fp32 size=4096"), ("new", "gemm.ipynb dtype=fp32 size=256")}
@@ -120,7 +149,7 @@ def test_a_failed_configuration_whose_parameters_are_descriptors_is_matched(tmp_
     _config(tmp_path / "a", "ts-1", [row], params=params, notebook="train_step.ipynb")
     _config(tmp_path / "b", "ts-1", [{}], params=params, status="oom", reason="OutOfMemoryError: CUDA out of memory",
             notebook="train_step.ipynb")
-    c = compare_frames(load(tmp_path / "a"), load(tmp_path / "b"))
+    c = _frames(load(tmp_path / "a"), load(tmp_path / "b"))
     assert c.one_side.empty and c.points.empty
     assert list(c.not_ok[["side", "status"]].itertuples(index=False, name=None)) == [("new", "oom")]
     assert c.uncompared == 1 and c.exit_code == 3
@@ -134,7 +163,7 @@ def test_a_changed_environment_is_shown_first(dirs, capsys):
         frame = frame.assign(env_torch="2.99.0+test", env_json=json.dumps(facts), env_fingerprint_id="0ther1d")
         path.unlink()
         write_rows(frame, path)
-    c = compare_frames(load(base), load(new))
+    c = _frames(load(base), load(new))
     torch_row = c.env_changes[c.env_changes["field"] == "torch"].iloc[0]
     assert torch_row["new"] == "2.99.0+test" and torch_row["base"] != "2.99.0+test"
     assert list(c.env_changes["field"]) == ["torch"]  # env_json and the id are derived: not listed
@@ -146,13 +175,13 @@ def test_a_changed_environment_is_shown_first(dirs, capsys):
 def test_a_throughput_metric_is_better_higher(tmp_path, capsys):
     base = _sweep(tmp_path / "a", {1024: 1.1e-2}, seed=1)
     new = _sweep(tmp_path / "b", {1024: 1e-2}, seed=2)  # 10 % less time: more FLOP/s
-    c = compare_frames(load(base), load(new), metric="flop_per_s")
+    c = _frames(load(base), load(new), metric="flop_per_s")
     p = c.points.iloc[0]
     assert not p["lower_is_better"] and p["ratio"] == pytest.approx(1.1, rel=0.02)
     assert p["verdict"] == "faster"
     code, _, _ = _cli(capsys, base, new, "--metric", "flop_per_s")
     assert code == 0
-    slower = compare_frames(load(new), load(base), metric="flop_per_s").points.iloc[0]
+    slower = _frames(load(new), load(base), metric="flop_per_s").points.iloc[0]
     assert slower["verdict"] == "slower" and slower["ratio"] < 1
 
 
@@ -161,7 +190,7 @@ def test_per_s_samples_are_derived_from_the_time_samples(tmp_path):
     new = _sweep(tmp_path / "b", {1024: 1e-2}, seed=2)
     rows = load(base).iloc[0]
     expected = rows["flop_per_s"] * rows["time_s"] / np.asarray(rows["time_samples_s"])
-    c = compare_frames(load(base), load(new), metric="flop_per_s")
+    c = _frames(load(base), load(new), metric="flop_per_s")
     p = c.points.iloc[0]
     assert p["n_base"] == len(expected) == 20
     assert p["median_base"] == pytest.approx(float(np.median(expected)), rel=1e-12)
@@ -200,7 +229,7 @@ def test_notebooks_without_descriptors_match_row_by_row(tmp_path):
                 for t in (1e-3, 2e-3 * second)]
         _config(tmp_path / side, "mine-1", rows, params={"steps": 3}, notebook="mine.ipynb")
         sides[side] = load(tmp_path / side)
-    c = compare_frames(sides["a"], sides["b"])
+    c = _frames(sides["a"], sides["b"])
     assert dict(zip(c.points["point"], c.points["verdict"])) == {"mine.ipynb #2": "slower", "mine.ipynb #1": "same"}
     assert set(c.points["metric"]) == {"latency_s"}  # the first X_s with X_samples_s
 
@@ -321,7 +350,7 @@ def test_a_descriptor_column_one_side_never_recorded_does_not_unmatch_the_points
     # Inference rows gained `model` (issue 27): a baseline recorded before it still matches.
     base = load(_inference_side(tmp_path / "a", 1, ttft_s=1e-2, tpot_s=2e-3)).drop(columns=["model"])
     new = load(_inference_side(tmp_path / "b", 2, ttft_s=1e-2, tpot_s=2.4e-3))
-    c = compare_frames(base, new)
+    c = _frames(base, new)
     assert set(c.points["metric"]) == {"ttft_s", "tpot_s", "e2e_latency_s"}
     assert dict(zip(c.points["metric"], c.points["verdict"]))["tpot_s"] == "slower"
 
@@ -329,7 +358,7 @@ def test_a_descriptor_column_one_side_never_recorded_does_not_unmatch_the_points
 def test_inference_rows_are_judged_on_ttft_tpot_and_e2e_each_a_point(tmp_path, capsys):
     base = _inference_side(tmp_path / "a", 1, ttft_s=1e-2, tpot_s=2e-3)
     new = _inference_side(tmp_path / "b", 2, ttft_s=1e-2, tpot_s=2.4e-3)  # decode 20 % slower
-    c = compare_frames(load(base), load(new))
+    c = _frames(load(base), load(new))
     assert set(c.points["metric"]) == {"ttft_s", "tpot_s", "e2e_latency_s"}
     verdicts = dict(zip(c.points["metric"], c.points["verdict"]))
     assert verdicts["tpot_s"] == "slower" and verdicts["ttft_s"] == "same"
@@ -343,14 +372,14 @@ def test_inference_rows_are_judged_on_ttft_tpot_and_e2e_each_a_point(tmp_path, c
         "ttft_s", "tpot_s", "e2e_latency_s"}
     assert "| 🔴 slower | `inference.ipynb model=transformer precision=fp32` | tpot_s |" in md.read_text()
     assert {p["metric"] for p in json.loads(js.read_text())["points"]} == {"ttft_s", "tpot_s", "e2e_latency_s"}
-    only = compare_frames(load(base), load(new), metric="ttft_s")  # the one named, alone
+    only = _frames(load(base), load(new), metric="ttft_s")  # the one named, alone
     assert list(only.points["metric"]) == ["ttft_s"] and only.exit_code == 0
 
 
 def test_dataloader_rows_are_judged_on_the_step_time_not_the_loader_batch_time(tmp_path):
     base = _loader_side(tmp_path / "a", 1, step_s=1e-2, batch_s=5e-3)
     new = _loader_side(tmp_path / "b", 2, step_s=1.1e-2, batch_s=5e-3)  # the step 10 % slower
-    c = compare_frames(load(base), load(new))
+    c = _frames(load(base), load(new))
     assert list(c.points["metric"]) == ["step_time_s"]
     assert c.points.iloc[0]["verdict"] == "slower" and c.exit_code == 1
 
@@ -366,7 +395,7 @@ def test_training_rows_are_judged_on_the_step_time(tmp_path):
         row = {"workload": "train_step", "batch_size": 8, "data_time_s": float(np.median(data)),
                "data_time_samples_s": data, **Measurement(samples_s=samples).as_row("step_time")}
         _config(tmp_path / side, "ts-1", [row], params={"batch_size": 8}, notebook="train_step.ipynb")
-    c = compare_frames(load(tmp_path / "a"), load(tmp_path / "b"))
+    c = _frames(load(tmp_path / "a"), load(tmp_path / "b"))
     assert list(c.points["metric"]) == ["step_time_s"] and c.points.iloc[0]["verdict"] == "slower"
 
 
@@ -374,7 +403,7 @@ def test_a_decode_rate_takes_its_samples_from_tpot_not_ttft(tmp_path):
     # TTFT very noisy, TPOT tight: the decode rate's interval is TPOT's, so a 10 % slower decode shows.
     base = _inference_side(tmp_path / "a", 1, ttft_s=1e-3, tpot_s=2e-3, ttft_sigma=0.5)
     new = _inference_side(tmp_path / "b", 2, ttft_s=1e-3, tpot_s=2.2e-3, ttft_sigma=0.5)
-    c = compare_frames(load(base), load(new), metric="decode_tokens_per_s")
+    c = _frames(load(base), load(new), metric="decode_tokens_per_s", run_to_run=0.0)  # the samples' spread alone
     p = c.points.iloc[0]
     assert p["verdict"] == "slower" and p["ratio"] == pytest.approx(1 / 1.1, rel=0.02)
     assert p["ci_high"] / p["ci_low"] < 1.05  # TPOT's spread, not TTFT's
@@ -385,7 +414,7 @@ def test_a_decode_rate_takes_its_samples_from_tpot_not_ttft(tmp_path):
 def test_a_loader_step_rate_takes_its_samples_from_the_step_times(tmp_path):
     base = _loader_side(tmp_path / "a", 1, step_s=1e-2, batch_s=5e-3, batch_sigma=0.5)
     new = _loader_side(tmp_path / "b", 2, step_s=1.1e-2, batch_s=5e-3, batch_sigma=0.5)
-    c = compare_frames(load(base), load(new), metric="step_samples_per_s")
+    c = _frames(load(base), load(new), metric="step_samples_per_s", run_to_run=0.0)  # the samples' spread alone
     p = c.points.iloc[0]
     assert p["verdict"] == "slower" and p["ci_high"] / p["ci_low"] < 1.05
     assert any("derived from step_time_samples_s" in n for n in c.notes)
@@ -404,14 +433,14 @@ def _user_rows(root: Path, rng, *, rate_samples: bool) -> Path:
 def test_a_rate_with_its_own_samples_is_compared_on_them(tmp_path):
     rng = np.random.default_rng(6)
     base, new = (_user_rows(tmp_path / s, rng, rate_samples=True) for s in "ab")
-    p = compare_frames(load(base), load(new), metric="items_per_s").points.iloc[0]
+    p = _frames(load(base), load(new), metric="items_per_s").points.iloc[0]
     assert (p["n_base"], p["n_new"]) == (7, 7)  # items_per_s_samples, not the latency's 10
 
 
 def test_a_rate_without_a_time_it_inverts_is_compared_without_an_interval(tmp_path):
     rng = np.random.default_rng(6)
     base, new = (_user_rows(tmp_path / s, rng, rate_samples=False) for s in "ab")
-    c = compare_frames(load(base), load(new), metric="items_per_s")
+    c = _frames(load(base), load(new), metric="items_per_s")
     p = c.points.iloc[0]
     assert (p["n_base"], p["n_new"]) == (1, 1) and p["verdict"] == "inconclusive"
     assert any("without an interval" in n for n in c.notes) and c.exit_code == 3
@@ -420,11 +449,11 @@ def test_a_rate_without_a_time_it_inverts_is_compared_without_an_interval(tmp_pa
 def test_a_point_on_one_side_only_exits_3_or_1_with_strict_and_is_listed_everywhere(tmp_path, capsys):
     base = _sweep(tmp_path / "a", {128: 1e-3, 1024: 1e-2}, seed=1)
     new = _sweep(tmp_path / "b", {128: 1e-3}, seed=2)  # size 1024 vanished
-    c = compare_frames(load(base), load(new))
+    c = _frames(load(base), load(new))
     assert list(c.points["verdict"]) == ["same"]
     assert [(r.side, r.point) for r in c.one_side.itertuples()] == [("base", "gemm.ipynb dtype=fp32 size=1024")]
     assert c.exit_code == 3
-    assert compare_frames(load(base), load(new), strict=True).exit_code == 1
+    assert _frames(load(base), load(new), strict=True).exit_code == 1
     md, js = tmp_path / "c.md", tmp_path / "c.json"
     code, out, _ = _cli(capsys, base, new, "--markdown", md, "--json", js)
     assert code == 3
@@ -443,5 +472,5 @@ def test_rows_without_a_config_id_are_refused_in_one_line(tmp_path):
     base = _sweep(tmp_path / "a", {128: 1e-3}, seed=1)
     new = _sweep(tmp_path / "b", {128: 1e-3}, seed=2)
     with pytest.raises(BadInputError) as err:
-        compare_frames(load(base).drop(columns=["config_id"]), load(new))
+        _frames(load(base).drop(columns=["config_id"]), load(new))
     assert "config_id" in str(err.value) and "\n" not in str(err.value)

@@ -231,6 +231,20 @@ def test_inplace_foreach_writes_self():
     _check(_row(df, "aten._foreach_add_.Scalar"), 160, 640, 640, "elementwise")
 
 
+def test_a_foreach_reduction_counts_every_tensor_of_its_list():
+    # Issue 53: _foreach_norm([1000 elements, 3000 elements]) counted the first tensor only (2000).
+    # Vector norm: 2 FLOP per element over all 4000 = 8000; read 16000 bytes; written 2 scalars.
+    a, b = _randn(1000), _randn(3000)
+    df = count_ops(torch._foreach_norm, [a, b], 2)
+    _check(_row(df, "aten._foreach_norm.Scalar"), 8000, 16000, 8, "reduction")
+    # What clip_grad_norm_ runs (foreach on CPU too): its norms of all gradients counted.
+    params = [torch.nn.Parameter(_randn(1000)), torch.nn.Parameter(_randn(3000))]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    df = count_ops(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True))
+    assert df.loc[df["op"].str.startswith("aten._foreach_norm"), "flop"].sum() == 8000
+
+
 def _fake_clock():
     ticks = iter(range(10_000))
     return lambda: float(next(ticks))

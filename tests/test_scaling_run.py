@@ -148,7 +148,7 @@ def _synthetic_rows() -> pd.DataFrame:
                                     (4, 0.005, 0.0026, [0.0020, 0.0021, 0.0026, 0.0022])):
         rows.append({"parallelism": "ddp", "world_size": n, "step_time_s": step,
                      "compute_time_s": compute, "rank_step_time_s": [step] * n,
-                     "rank_compute_time_s": ranks, "noisy": n == 4})
+                     "rank_compute_time_s": ranks, "noisy": n == 4, "optimizer_time_s": 0.0004})
     rows.append({"parallelism": "none", "world_size": 1, "step_time_s": 0.010,
                  "compute_time_s": 0.010, "rank_step_time_s": [0.010],
                  "rank_compute_time_s": [0.010], "noisy": False})
@@ -186,7 +186,9 @@ def test_plots_show_efficiency_with_ideal_throughput_with_ideal_line_and_a_stack
     part = data.set_index(["point", "component"])["value_s"]
     # N=4: the slowest rank computes 0.0026 s, the others' median is 0.0021 s.
     assert np.isclose(part["N=4 ddp", "straggler idle"], 0.0026 - 0.0021)
-    assert np.isclose(part["N=4 ddp", "compute"], 0.0021)
+    # The typical rank's 0.0021 s of compute: the optimizer's 0.4 ms apart from forward + backward.
+    assert np.isclose(part["N=4 ddp", "forward + backward"], 0.0021 - 0.0004)
+    assert np.isclose(part["N=4 ddp", "optimizer"], 0.0004)
     assert np.isclose(part["N=4 ddp", "exposed communication"], 0.005 - 0.0026)
     hv.render(bars, backend="bokeh")
 
@@ -305,6 +307,25 @@ def test_fsdp_weak_point_measures_a_compute_only_step_on_two_ranks():
     eff = scaling.scaling_efficiency(rows, mode="weak")  # no world-size-1 point: no baseline
     assert eff["efficiency_vs_none"].isna().all()
     assert eff["baseline_none_reason"].str.contains("no baseline row").all()
+
+
+@pytest.mark.slow
+def test_fsdp_s_compute_only_step_keeps_the_optimizer_s_work_out_of_communication():
+    """Issue 53: FSDP's compute-only run gave the sharded parameters no gradient, so AdamW skipped
+    them and ``step − compute`` counted the optimizer update as communication. One rank, where
+    FSDP2 runs no collective at all: the optimizer in the compute-only run must cost what it does
+    in the synchronised one (it was ~1 % of it), and the optimizer is a column of its own."""
+    cfg = ScalingConfig(train=TrainConfig(parallelism="fsdp", steps=10, warmup_steps=3, device="cpu"),
+                        world_sizes=[1], batch_size=8, timeout_s=120)
+    rows = run_scaling(cfg)
+    _check_rows(rows)
+    fsdp = rows[rows["parallelism"] == "fsdp"].iloc[0]
+    assert fsdp["optimizer_time_s"] > 0 and len(fsdp["optimizer_time_samples_s"]) == 7
+    assert fsdp["compute_optimizer_time_s"] > 0.4 * fsdp["optimizer_time_s"], fsdp[
+        ["optimizer_time_s", "compute_optimizer_time_s"]].to_dict()
+    assert "zero gradients" in fsdp["compute_time_method"]
+    plain = rows[rows["parallelism"] == "none"].iloc[0]
+    assert plain["optimizer_time_s"] > 0 and plain["compute_optimizer_time_s"] == plain["optimizer_time_s"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from perfkit.core.timing import Measurement, measure
+from perfkit.core.timing import Measurement, SpanTimer, measure
 
 
 class FakeClock:
@@ -173,6 +173,25 @@ def test_cuda_timing_waits_and_records_on_the_work_device(monkeypatch, device, i
     assert m.median_s == pytest.approx(1e-3)  # the events' time, read on the fake clock
     assert fake.synchronized and set(fake.synchronized) == {index}
     assert fake.recorded_on and set(fake.recorded_on) == {index}
+
+
+def test_a_span_times_its_block_by_the_clock_on_cpu_and_by_events_on_a_gpu(monkeypatch):
+    import torch
+
+    clock = FakeClock()
+    span = SpanTimer("cpu", clock=clock)
+    with span:
+        clock.op(0.25)()
+    clock.op(1.0)()  # after the span: not in it
+    assert span.last_s() == 0.25
+    fake = FakeCuda(clock)
+    for name in ("Event", "current_device", "synchronize", "current_stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    span = SpanTimer("cuda:1", clock=clock)
+    with span:
+        clock.op(0.5)()
+    assert span.last_s() == pytest.approx(0.5) and set(fake.recorded_on) == {1}
+    assert fake.synchronized == []  # no synchronization of its own: the step it sits in is not changed
 
 
 @pytest.mark.gpu

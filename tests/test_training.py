@@ -129,6 +129,26 @@ def test_single_process_row_states_mfu_and_counted_flop_utilisation(single_proce
         assert row["step_counted_flop"] == pytest.approx(row["step_model_flop"], rel=0.1)
 
 
+def test_counted_flop_are_the_forward_and_backward_not_the_optimizer_as_mfu_says(single_process_rows):
+    """Issue 53: mfu's docstring said the counted FLOP include the optimizer; the step counts
+    zero_grad, forward and backward. The row's count is that of a forward and backward alone, the
+    AdamW step's FLOP are not in it, and the docstring says so."""
+    from perfkit.measuring.ops.counting import count_ops
+
+    row = single_process_rows["mlp"]
+    work = workloads.build(workloads.make_spec("mlp"))
+    inputs, target = work.make_batch(MLP["batch_size"], seed=0)
+    optimizer = torch.optim.AdamW(work.model.parameters())
+
+    def forward_backward():
+        work.loss(work.model(inputs), target).backward()
+
+    assert row["step_counted_flop"] == count_ops(forward_backward)["flop"].sum()
+    assert count_ops(optimizer.step)["flop"].sum() > 0  # what a count of the optimizer would add
+    doc = " ".join(mfu.__doc__.split())
+    assert "not the optimizer step" in doc and "optimizer and elementwise work included" not in doc
+
+
 def test_unknown_peaks_give_nan_with_the_reason_never_a_fallback():
     cpu = CpuPeak(flop_per_s={"fp32": 1e12, "fp64": 5e11}, cores=4, clock_hz=2e9, clock_source="given",
                   isa="avx2+fma", flop_per_cycle_per_core={"fp32": 32, "fp64": 16}, assumption="x")

@@ -27,14 +27,20 @@ the inverse of (:data:`~perfkit.analyse.compare_match.TIMED_BY`: ``decode_tokens
 TPOT's, a loader's ``step_samples_per_s`` from its step times) as metric × time / sample; else
 the row's single value, compared without an interval (a note says so).
 
-**Verdicts** come from :mod:`perfkit.analyse.ab_stats` (bootstrap CI over rounds, Mann–Whitney U,
-threshold AND significance), the p-values Holm-corrected over every point compared.
+**Verdicts** come from :mod:`perfkit.analyse.ab_stats` (bootstrap CI over rounds widened to the
+run-to-run interval, Mann–Whitney U, threshold AND significance), the p-values Holm-corrected over
+every point compared. A point with one round a side cannot measure how much runs differ: its CI
+holds the stated ``run_to_run`` spread (5 % unless told), and a note says how large a change that
+lets it call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import math
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -47,7 +53,7 @@ __all__ = ["DESCRIPTORS", "Comparison", "compare_frames", "compare_by"]
 
 _POINT_COLUMNS = ("point", "notebook", "base", "new", "metric", "lower_is_better", "n_base", "n_new",
                   "rounds_base", "rounds_new", "median_base", "median_new", "ratio", "ci_low",
-                  "ci_high", "p_value", "p_holm", "verdict", "why")
+                  "ci_high", "p_value", "p_holm", "run_to_run", "run_to_run_df", "verdict", "why")
 _VERDICT_ORDER = {"slower": 0, "inconclusive": 1, "faster": 2, "same": 3}
 
 
@@ -77,6 +83,8 @@ class Comparison:
     ``skipped`` on both sides excepted: nothing was lost)."""
     strict: bool = False
     """A point not compared (on one side only, or not ``ok`` on a side) fails like a slower one."""
+    run_to_run: float = ab_stats.RUN_TO_RUN
+    """The spread between runs assumed where a point's rounds cannot measure it."""
 
     @property
     def exit_code(self) -> int:
@@ -101,7 +109,9 @@ class Comparison:
         return f"{words} (Holm over {len(self.points)} points) → exit {self.exit_code}"
 
 
-def _check(threshold, alpha, metric, frames, key) -> None:
+def _check(threshold, alpha, metric, frames, key, run_to_run=ab_stats.RUN_TO_RUN) -> None:
+    if not (math.isfinite(run_to_run) and 0 <= run_to_run < 1):
+        raise BadInputError(f"run_to_run is a fraction (0.05 = 5 % from run to run), got {run_to_run}")
     if not 0 <= threshold < 1:
         raise BadInputError(f"threshold is a fraction (0.05 = 5 %), got {threshold}")
     if not 0 < alpha < 1:
@@ -120,32 +130,29 @@ def _check(threshold, alpha, metric, frames, key) -> None:
             raise BadInputError(f"unknown metric {metric!r}; columns that can be compared: {', '.join(known[:12])}")
 
 
-#: Rounds per side below which the CI's view of run-to-run variation is rough (see _finish).
-FEW_ROUNDS = 5
-
-
-def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, seed, strict) -> Comparison:
-    stats = [(ab_stats.compare_samples(b, n, seed=seed), info) for b, n, info in acc["points"]]
+def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, seed, strict,
+            run_to_run) -> Comparison:
+    stats = [(ab_stats.compare_samples(b, n, seed=seed, run_to_run=run_to_run), info)
+             for b, n, info in acc["points"]]
     p_holm = ab_stats.holm([c.p_value for c, _ in stats]) if stats else []
-    judged, single, few = [], 0, 0
+    judged, stated = [], []
     for (c, info), p in zip(stats, p_holm):
         v, why = ab_stats.verdict(c, p_adjusted=p, lower_is_better=info["lower_is_better"],
                                   threshold=threshold, alpha=alpha)
-        single += min(c.groups_base, c.groups_new) == 1
-        few += 1 < min(c.groups_base, c.groups_new) < FEW_ROUNDS
+        if c.run_to_run_df == 0 and c.n_base and c.n_new:
+            stated.append(math.sqrt(1 / c.groups_base + 1 / c.groups_new))
         judged.append({**info, "n_base": c.n_base, "n_new": c.n_new, "rounds_base": c.groups_base,
                        "rounds_new": c.groups_new, "median_base": c.median_base, "median_new": c.median_new,
                        "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "p_value": c.p_value,
-                       "p_holm": p, "verdict": v, "why": why})
-    if single:
-        notes.append(f"{single} of {len(judged)} points have 1 round per side: run-to-run variation is "
-                     f"not measured; use rounds ≥ {FEW_ROUNDS} (an A/B sweep's `rounds:`)")
-    if few:
-        # Resampling k rounds sees about (k-1)/k of their spread. Simulated A/A pairs with a 10 %
-        # run-to-run spread (over the 5 % threshold) were called changed 12.5 % of the time with
-        # 3 rounds a side, 4.5 % with 5, 2.5 % with 8 (200 pairs each, ab_stats' verdict).
-        notes.append(f"{few} of {len(judged)} points have fewer than {FEW_ROUNDS} rounds a side: the CI sees "
-                     f"run-to-run variation only roughly; use rounds ≥ {FEW_ROUNDS} to gate on it")
+                       "p_holm": p, "run_to_run": c.run_to_run, "run_to_run_df": c.run_to_run_df,
+                       "verdict": v, "why": why})
+    if stated:
+        # The smallest change such a point can call: its CI's run-to-run half-width, z·σ·√(1/k_b + 1/k_n).
+        reach = math.exp(NormalDist().inv_cdf(0.975) * run_to_run * max(stated)) - 1
+        notes.append(f"{len(stated)} of {len(judged)} points have too few rounds to measure run-to-run variation "
+                     f"(fewer than 3 a side): their CI holds an assumed ±{run_to_run * 100:g} % spread between "
+                     f"runs (--run-to-run), so a change under about {reach * 100:.0f} % is inconclusive there; an "
+                     f"A/B sweep with rounds ≥ 3 measures the spread instead")
     points = pd.DataFrame(judged, columns=list(_POINT_COLUMNS))
     if len(points):
         worse = np.where(points["lower_is_better"], points["ratio"], 1 / points["ratio"])
@@ -158,7 +165,8 @@ def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, see
         points=points, one_side=pd.DataFrame(acc["one_side"], columns=["side", "point", "notebook", "metric"]),
         not_ok=not_ok, env_changes=pd.DataFrame(acc["env"], columns=["side", "field", "base", "new"]),
         base_label=base_label, new_labels=tuple(new_labels), metric=metric, threshold=threshold,
-        alpha=alpha, notes=tuple(dict.fromkeys(notes)), uncompared=acc["uncompared"], strict=strict)
+        alpha=alpha, notes=tuple(dict.fromkeys(notes)), uncompared=acc["uncompared"], strict=strict,
+        run_to_run=run_to_run)
 
 
 def _prepared(frame: pd.DataFrame) -> pd.DataFrame:
@@ -178,10 +186,11 @@ def _acc() -> dict:
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None = None,
                    threshold: float = 0.05, alpha: float = 0.05, base_label: str = "base",
                    new_label: str = "new", key: Sequence[str] = (), seed: int = 0,
-                   strict: bool = False) -> Comparison:
+                   strict: bool = False, run_to_run: float = ab_stats.RUN_TO_RUN) -> Comparison:
     """Two sets of rows (two sweeps, before and after) matched point by point and judged;
-    ``strict``: a point not compared (one side only, not ok on a side) exits 1, not 3."""
-    _check(threshold, alpha, metric, (base, new), key)
+    ``strict``: a point not compared (one side only, not ok on a side) exits 1, not 3;
+    ``run_to_run``: the spread between runs assumed where the rounds cannot measure it."""
+    _check(threshold, alpha, metric, (base, new), key, run_to_run)
     base, new = _prepared(base), _prepared(new)
     notes = [f"{base_label} and {new_label} were measured at different times: drift between the runs "
              f"counts as a change (an A/B sweep interleaves the sides: compare DIR --by variant)"]
@@ -197,12 +206,13 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None 
                             f"(notebooks: {', '.join(map(str, base['notebook'].dropna().unique())) or 'none'} "
                             f"vs {', '.join(map(str, new['notebook'].dropna().unique())) or 'none'})")
     return _finish(acc, base_label=base_label, new_labels=(new_label,), metric=metric,
-                   threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict)
+                   threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict,
+                   run_to_run=run_to_run)
 
 
 def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = None,
                threshold: float = 0.05, alpha: float = 0.05, key: Sequence[str] = (),
-               seed: int = 0, strict: bool = False) -> Comparison:
+               seed: int = 0, strict: bool = False, run_to_run: float = ab_stats.RUN_TO_RUN) -> Comparison:
     """Every other value of column ``by`` (an A/B sweep's ``variant``) against ``base``."""
     if by not in frame:
         splits = [c for c in frame.columns if not c.startswith("env_") and frame[c].map(canon).nunique() in range(2, 21)
@@ -214,7 +224,7 @@ def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = 
         raise BadInputError(f"--base {base!r} is not a value of {by!r}; its values: {', '.join(labels)}")
     if len(labels) < 2:
         raise BadInputError(f"{by!r} has only the value {labels[0] if labels else 'none'}: nothing to compare against")
-    _check(threshold, alpha, metric, (frame,), key)
+    _check(threshold, alpha, metric, (frame,), key, run_to_run)
     frame, notes, acc = _prepared(frame), [], _acc()
     text = values.map(lambda v: None if v is None else str(v))
     base_rows = frame[text == str(base)]
@@ -225,4 +235,5 @@ def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = 
     if values.isna().any():
         notes.append(f"{int(values.isna().sum())} rows without a value of {by!r} were left out")
     return _finish(acc, base_label=str(base), new_labels=new_labels, metric=metric,
-                   threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict)
+                   threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict,
+                   run_to_run=run_to_run)

@@ -7,8 +7,10 @@ MFU (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT ``estimate_mfu``; torchtit
 The model FLOP are analytic (:mod:`perfkit.measuring.workloads.synthetic`: ``6·N + 12·L·H·Q·T`` per token for the
 transformer), so recomputation under activation checkpointing is not counted (that would be HFU).
 The counted-FLOP utilisation beside it divides the FLOP that :func:`perfkit.measuring.ops.counting.count_ops`
-saw in one real step (recompute, optimizer and elementwise work included) by the same time and
-peak. Both are NaN, with the reason, when the peak is unknown: an unknown GPU or a dtype the CPU
+saw in one real step by the same time and peak: what ran between ``zero_grad`` and the end of the
+backward (:mod:`perfkit.measuring.training.step`), i.e. the forward and the backward, with
+activation checkpointing's recompute, SDPA's recomputed Q·Kᵀ and the elementwise work; not the
+optimizer step, which the analytic FLOP leave out too. Both are NaN, with the reason, when the peak is unknown: an unknown GPU or a dtype the CPU
 has no theoretical peak for is never given another device's or dtype's numbers.
 
 Peaks: a GPU's spec-sheet dense peak (:func:`perfkit.core.specs.spec_peaks`, the exact part or

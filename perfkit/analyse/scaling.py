@@ -20,6 +20,8 @@ compute_time_s         optional the same step with gradient synchronisation disa
                                 the slowest rank, as for step_time_s)
 rank_compute_time_s    optional each rank's median compute-only step time, a list of
                                 world_size floats
+optimizer_time_s       optional the optimizer step's share of the step (timed apart; part of
+                                compute, never of communication), passed through
 ====================== ======== ==============================================================
 
 :func:`scaling_efficiency` adds, against *both* one-device baselines (formulas.md, Scaling)
@@ -43,7 +45,9 @@ row's own parallelism at world_size 1, e.g. DDP on one rank, which isolates the 
     step_time_s = typical_rank_compute_time_s + straggler_time_s + exposed_comm_time_s
 
 - ``exposed_comm_time_s`` = step_time_s − compute_time_s: the part of the step that gradient
-  synchronisation adds, i.e. communication not hidden behind backward. Both times are the slowest
+  synchronisation adds, i.e. communication not hidden behind backward. The compute-only step
+  runs the optimizer as the synchronised one does (FSDP's with zero gradients on its shards), so
+  the optimizer is in compute, and ``optimizer_time_s`` says how much of it. Both times are the slowest
   rank's per step, so a straggler's extra compute is in both and cancels. Negative values are
   kept: they mean noise exceeds the communication cost.
 - ``slowest_rank``, ``slowest_rank_compute_time_s`` and ``median_other_ranks_compute_time_s``

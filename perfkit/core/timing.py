@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Measurement", "measure", "NOISY_IQR_OVER_MEDIAN"]
+__all__ = ["Measurement", "measure", "SpanTimer", "NOISY_IQR_OVER_MEDIAN"]
 
 #: A point whose IQR/median exceeds this is flagged noisy (DESIGN.md, measurement rules).
 NOISY_IQR_OVER_MEDIAN = 0.1
@@ -169,6 +169,38 @@ def _device_hooks(device) -> _DeviceHooks:
         new_event=lambda: cuda.Event(enable_timing=True),
         record=lambda event: event.record(cuda.current_stream(index)),
     )
+
+
+class SpanTimer:
+    """The time of one span inside a longer timed region, with no synchronization of its own (so
+    it does not change what it times): device events on a GPU, read once the caller has
+    synchronized past the span; the clock on a CPU, whose work is done when its call returns.
+
+    ``with span: ...`` then ``span.last_s()`` after the region's closing synchronize."""
+
+    def __init__(self, device, clock: Callable[[], float] = time.perf_counter):
+        self._hooks, self._clock = _device_hooks(device), clock
+        self._start = self._end = None
+
+    def __enter__(self) -> "SpanTimer":
+        if self._hooks.new_event is not None:
+            self._start, self._end = self._hooks.new_event(), self._hooks.new_event()
+            self._hooks.record(self._start)
+        else:
+            self._start = self._clock()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._hooks.new_event is not None:
+            self._hooks.record(self._end)
+        else:
+            self._end = self._clock()
+
+    def last_s(self) -> float:
+        """The last span, in seconds."""
+        if self._hooks.new_event is not None:
+            return self._start.elapsed_time(self._end) / 1e3  # elapsed_time is in milliseconds
+        return self._end - self._start
 
 
 def measure(

@@ -34,9 +34,16 @@ without an interval. Every output names the metric of each point.
 
 Verdict of a point: `slower` or `faster` when the change passes --threshold (default 5 %) AND is
 significant: the Mann-Whitney U p-value after Holm's correction over all points compared is
-below --alpha (0.05) and the 95 % bootstrap CI of the ratio (rounds resampled, then samples)
-excludes 1. `same` when the whole CI lies within the threshold. `inconclusive` otherwise: too
-few samples (fewer than 5 a side), or too noisy to tell the threshold apart.
+below --alpha (0.05) and the 95 % CI of the ratio excludes 1. `same` when the whole CI lies
+within the threshold. `inconclusive` otherwise: too few samples (fewer than 5 a side), or too
+noisy to tell the threshold apart.
+
+The CI holds both kinds of noise: within a run (a bootstrap: rounds resampled, then samples) and
+between runs, which on shared GPU clusters is 2-5 %. Rounds (an A/B sweep's `rounds:`, each round
+a run of its own) measure the spread between runs (Student's t over the rounds' medians); one
+round on a side cannot, so its CI assumes --run-to-run (default 0.05) and a change under about
+15 % comes out inconclusive, never a false `slower` from an unchanged build. Use rounds >= 3, or
+state a quieter machine's spread (--run-to-run 0.01).
 
 Points on one side only and points not ok on a side (failed, oom, skipped, ...) are listed, and
 environment fingerprint fields that changed (torch, driver, device) are shown at the top.
@@ -61,6 +68,9 @@ def add_compare_command(sub) -> None:
                                     "default: by workload (step time; inference: TTFT, TPOT, e2e latency)")
     p.add_argument("--threshold", type=float, default=0.05, help="smallest change that counts, a fraction (default 0.05 = 5 %%)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm (default 0.05)")
+    p.add_argument("--run-to-run", type=float, default=0.05, metavar="FRACTION",
+                   help="how much two runs of the same build differ (σ of a run's median), assumed where a "
+                        "side has one round and cannot measure it (default 0.05 = 5 %%, shared GPU clusters)")
     p.add_argument("--key", action="append", default=[], metavar="COL",
                    help="another column that tells points apart (repeatable)")
     p.add_argument("--strict", action="store_true",
@@ -109,6 +119,8 @@ def _check_args(args) -> None:
     for flag, path in (("--markdown", args.markdown), ("--json", args.json)):
         if path and not Path(path).resolve().parent.is_dir():
             raise BadInputError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+    if not (math.isfinite(args.run_to_run) and 0 <= args.run_to_run < 1):
+        raise BadInputError(f"--run-to-run is a fraction (0.05 = 5 % between runs), got {args.run_to_run}")
     if args.advice and not args.markdown:
         raise BadInputError("--advice adds the advice to the --markdown file: give --markdown FILE too")
 
@@ -134,7 +146,7 @@ def run_compare(args) -> int:
     """``perfkit compare``: compare, print, write the files asked for; the comparison's exit code."""
     _check_args(args)
     options = dict(metric=args.metric, threshold=args.threshold, alpha=args.alpha, key=tuple(args.key),
-                   strict=args.strict)
+                   strict=args.strict, run_to_run=args.run_to_run)
     if args.by is not None:
         new_side = load_rows(args.base_dir)
         c = compare_by(new_side, by=args.by, base=args.base, **options)
@@ -177,7 +189,8 @@ def _metric_of(r) -> str:
 
 def _rule(c: Comparison) -> str:
     return (f"threshold ±{c.threshold * 100:g} %, alpha {c.alpha:g} after Holm over "
-            f"{len(c.points)} points; ratio = new/base of the metric, with its 95 % bootstrap CI")
+            f"{len(c.points)} points; ratio = new/base of the metric, with its 95 % CI: within runs "
+            f"(bootstrap) and between them (the rounds' spread, or ±{c.run_to_run * 100:g} % assumed with one round)")
 
 
 def _not_ok(c: Comparison) -> list[tuple]:
@@ -274,7 +287,8 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 def to_json(c: Comparison) -> dict:
     """The comparison as JSON-ready data (NaN as null)."""
     return {"base": c.base_label, "new": list(c.new_labels), "metric": c.metric, "threshold": c.threshold,
-            "alpha": c.alpha, "correction": c.correction, "strict": c.strict, "exit_code": c.exit_code,
+            "alpha": c.alpha, "correction": c.correction, "strict": c.strict, "run_to_run": c.run_to_run,
+            "exit_code": c.exit_code,
             "summary": c.summary,
             "uncompared": c.uncompared, "points": _records(c.points), "one_side": _records(c.one_side),
             "not_ok": _records(c.not_ok), "env_changes": _records(c.env_changes), "notes": list(c.notes)}

@@ -17,7 +17,8 @@ Conventions (stated here because every number depends on them):
   forward 5 per element (max, sub, exp, sum, div; log_softmax: max, sub, exp, sum, sub);
   backward 4 (y·(dy − Σdy·y); dy − exp(y)·Σdy). Backward of norms and activations without a
   derived count: 2 × forward (the backward-is-twice-forward rule of the 6·N convention).
-  Reductions: 1 per input element (var/std 3, vector norm 2, logsumexp 4). Copies, casts,
+  Reductions: 1 per input element (var/std 3, vector norm 2, logsumexp 4); a ``_foreach_`` op
+  (elementwise or reduction) counts every tensor of its list. Copies, casts,
   gathers, factories and embedding lookup: 0; embedding dense backward: 1 per grad element.
   nll_loss: 1 per target (+1 with class weights); mse_loss and its backward: 3 per element.
 - Bytes are the minimum traffic: each distinct memory range of the inputs read once, of the
@@ -200,8 +201,9 @@ def op_rule(func, args, kwargs, out) -> tuple[str, int, tuple[float, float] | No
         return "other", 0, (0.0, 0.0)
     if base in _ORDERINGS:
         return "other", 0, None
-    if base in _REDUCTIONS:
-        return "reduction", _REDUCTIONS[base] * _first_numel(args), None
+    if base in _REDUCTIONS:  # a _foreach_ reduction (gradient clipping's norms) reads every tensor of its list
+        numel = _numel(args[0]) if name.startswith("_foreach_") else _first_numel(args)
+        return "reduction", _REDUCTIONS[base] * numel, None
     if base in _SOFTMAX:
         return "softmax", _SOFTMAX[base] * _first_numel(out), None
     if base in _NORMS:

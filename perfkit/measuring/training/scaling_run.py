@@ -15,10 +15,17 @@ configuration, one run after the other in the same processes:
    the step (optimizer included) is unchanged. FSDP2: ``set_requires_gradient_sync(False)`` and
    ``set_reshard_after_backward(False)`` with ``reshard_after_forward=False`` (its recipe for
    gradient accumulation without communication): no reduce-scatter, and parameters stay gathered
-   after the untimed first step, so the timed steps run no collective; with no sharded gradients
-   the optimizer skips its update, so for FSDP ``step − compute`` is the communication plus the
-   optimizer update, an upper bound on the exposed communication. The compute-only run holds the
-   whole model's parameters on every rank, as DDP does.
+   after the untimed first step, so the timed steps run no collective. Without a reduce-scatter
+   the sharded parameters get no gradient, and AdamW skips a parameter without one: the
+   optimizer would do nothing, and ``step − compute`` would count its update as communication
+   (issue 53: 14 % of what a 1-rank FSDP step called communication). So before each optimizer
+   step of this run, every sharded parameter without a gradient gets a zero one of its shape
+   and placement (allocated once), and the optimizer does the work it does when synchronised.
+   The compute-only run holds the whole model's parameters on every rank, as DDP does.
+
+Both runs time their optimizer step apart (``optimizer_time_s``, from the synchronised run;
+``compute_optimizer_time_s`` from the compute-only run, which must match it), so the breakdown
+shows the optimizer as a part of compute, never of communication.
 
 Calibration: ``straggler_delay_s`` > 0 makes rank ``straggler_rank`` sleep that long at the start
 of every forward (extra compute, in the timed step, in both runs) in every launch with more than
@@ -46,6 +53,9 @@ import math
 import statistics
 import time
 from collections.abc import Mapping
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -57,7 +67,7 @@ from perfkit.core.status import OK, SKIPPED
 from perfkit.core.timing import Measurement
 from perfkit.measuring.training.config import TrainConfig, check_supported, config_device
 from perfkit.measuring.ops.trace_capture import summary_columns
-from perfkit.measuring.training.step import train_rank, with_trace_dir
+from perfkit.measuring.training.step import optimizer_columns, train_rank, with_trace_dir
 from perfkit.measuring.workloads import catalog
 
 if TYPE_CHECKING:  # pandas is imported where rows are built: a rank never pays for it
@@ -72,7 +82,8 @@ _MODES = ("strong", "weak")
 _COMPUTE_METHOD = {
     "none": "no wrapper: the step itself",
     "ddp": "ddp no_sync: no gradient all-reduce",
-    "fsdp": "fsdp no reduce-scatter, parameters kept gathered: no collective after the first step, no optimizer update",
+    "fsdp": ("fsdp no reduce-scatter, parameters kept gathered: no collective after the first step; "
+             "the optimizer updates the shards with zero gradients (its synchronised cost)"),
 }
 
 
@@ -157,6 +168,19 @@ def _gradient_sync_disabled():
     """
     switched: list[str] = []
     wrap_ddp, apply_fsdp = parallel.wrap_ddp, parallel.apply_fsdp
+    zeros: dict[int, object] = {}
+
+    def gradients_for_the_optimizer(optimizer, args, kwargs):
+        # No reduce-scatter, no sharded gradient: without one the optimizer would skip the
+        # parameter. A zero gradient of the shard's shape and placement makes it do its work.
+        if "fsdp" not in switched:
+            return
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    if id(p) not in zeros:
+                        zeros[id(p)] = torch.zeros_like(p)
+                    p.grad = zeros[id(p)]
 
     def ddp_without_sync(*args, **kwargs):
         model = wrap_ddp(*args, **kwargs)
@@ -178,9 +202,11 @@ def _gradient_sync_disabled():
         return model
 
     parallel.wrap_ddp, parallel.apply_fsdp = ddp_without_sync, fsdp_without_sync
+    hook = register_optimizer_step_pre_hook(gradients_for_the_optimizer)
     try:
         yield switched
     finally:
+        hook.remove()
         parallel.wrap_ddp, parallel.apply_fsdp = wrap_ddp, apply_fsdp
 
 
@@ -219,7 +245,7 @@ def _is_straggler(config: dict, point: dict) -> bool:
 
 
 def _rank_summary(result: dict) -> dict:
-    keep = ("step_time_samples_s", "losses", "peak_mem_bytes", "peak_mem_kind", "n_params",
+    keep = ("step_time_samples_s", "optimizer_time_samples_s", "losses", "peak_mem_bytes", "peak_mem_kind", "n_params",
             "tokens_per_sample", "model_family", "device", "trace_path", "trace_reason", "cpu_share")
     return {k: result[k] for k in keep if k in result}
 
@@ -292,6 +318,8 @@ def _ok_row(cfg: ScalingConfig, point: TrainConfig, ranks: list[dict], wall_s: f
         "compute_time_s": comp.median_s, "compute_time_iqr_s": comp.iqr_s,
         "compute_time_samples_s": list(comp.samples_s), "compute_time_noisy": comp.noisy,
         "compute_time_method": _COMPUTE_METHOD[point.parallelism],
+        **optimizer_columns(synced),
+        "compute_optimizer_time_s": optimizer_columns(compute)["optimizer_time_s"],
         "rank_compute_time_s": [statistics.median(r["step_time_samples_s"]) for r in compute],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in synced),
         "peak_mem_kind": synced[0].get("peak_mem_kind"), "n_params": synced[0].get("n_params"),

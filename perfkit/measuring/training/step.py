@@ -43,7 +43,6 @@ import json
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 import uuid
@@ -52,15 +51,14 @@ from pathlib import Path
 
 import torch
 
-from perfkit.analyse import mfu, pipeline_bubble
 from perfkit.core import precision
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core.status import OK, SKIPPED, OutOfMemoryError, error_row, raise_for_status  # noqa: F401 - the notebooks call training.raise_for_status
-from perfkit.core.timing import Measurement
+from perfkit.core.timing import SpanTimer
 from perfkit.measuring.training import activations
 from perfkit.measuring.training import memory_model
-from perfkit.measuring.training import memory_edge, memory_fit, parallel
-from perfkit.measuring.training import fp8_notes
+from perfkit.measuring.training import memory_fit, parallel
+from perfkit.measuring.training.step_row import COLLECTIVES, count_reason, optimizer_columns, row_from_ranks  # noqa: F401 - step's API
 from perfkit.measuring.training.step_setup import (autocast_dtype, batch_seed, forward_backward,  # noqa: F401 - batch_seed: step's API
                                                    optimizer_step, prepare, rank_batch)
 from perfkit.measuring.ops import memory_snapshot as mem_snapshot
@@ -70,7 +68,8 @@ from perfkit.measuring.workloads.workload import Workload
 from perfkit.measuring.training.config import WORKLOAD, TrainConfig, check_supported, config_device
 
 __all__ = ["train_step_benchmark", "train_rank", "run_training", "raise_for_status", "OutOfMemoryError",
-           "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize", "row_from_ranks"]
+           "batch_seed", "rank_device", "rank_facts", "peak_mem_bytes", "synchronize", "row_from_ranks",
+           "optimizer_columns"]
 
 # ---- the benchmark -----------------------------------------------------------------------------
 
@@ -89,24 +88,6 @@ def peak_mem_bytes(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "cpu_max_rss"
 
 
-def _count_reason(cfg: TrainConfig) -> str | None:
-    """Why the first step's FLOP are not counted, or None when they are."""
-    if not cfg.count_flops:
-        return "count_flops is off"
-    if cfg.warmup_steps < 1:
-        return "no warm-up step to count on (warmup_steps is 0)"
-    if cfg.compile:
-        # Compiled kernels run below the dispatcher: the counter would see a fraction of the ops.
-        return "not counted under torch.compile (fused kernels bypass the dispatch-level counter)"
-    if cfg.parallelism == "pp":
-        return "not counted under pp (the schedule runs the stages' forward and backward)"
-    if cfg.parallelism in ("tp", "fsdp_tp"):
-        # Above DTensor's dispatch the counter sees sharded-weight matmuls at their global shape
-        # and the ops between them at shard shape: neither one rank's count nor the sum is exact.
-        return "not counted under tensor parallel (DTensor ops mix global and shard shapes)"
-    return None
-
-
 def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     """Train ``cfg.steps`` steps in this process (one rank of a job, or alone)."""
     from perfkit.measuring.ops.counting import OpCounter, coverage
@@ -116,8 +97,9 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism, lr=cfg.lr)
     amp_dtype = autocast_dtype(cfg)
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    count = _count_reason(cfg) is None
+    count = count_reason(cfg) is None
     losses, samples_s, data_s, counted, saved_peak, gather_peak = [], [], [], None, math.nan, math.nan
+    optimizer_s, optimizer_span = [], SpanTimer(device)
     memory: dict = {}
     profiler = trace_capture.StepProfiler(
         trace_capture.ProfileSettings(active=cfg.profile_active_steps) if cfg.profile else None,
@@ -145,13 +127,15 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     loss = forward_backward(work, model, inputs, target, device_type=device.type,
                                             amp_dtype=amp_dtype, scaler=scaler)
-                optimizer_step(optimizer, scaler)
+                with optimizer_span:
+                    optimizer_step(optimizer, scaler)
             if tracked is not None:
                 memory = {**tracked.result().columns("memory_tracked_"),
                           "memory_ddp_bucket_bytes": memory_fit.ddp_bucket_bytes(model)}
             synchronize(device)
             if step >= cfg.warmup_steps:
                 samples_s.append(time.perf_counter() - t0)
+                optimizer_s.append(optimizer_span.last_s())
             if isinstance(counter, OpCounter):
                 counted = counter.rows  # records, not a DataFrame: a rank does not load pandas
             if meter is not None:
@@ -166,6 +150,7 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
     held = memory_model.measured_model_state(model, optimizer)
     uncounted = [u.op for u in coverage(counted).uncounted] if counted is not None else []
     return {"rank": ctx.rank, "losses": losses_t.tolist(), "step_time_samples_s": samples_s,
+            "optimizer_time_samples_s": optimizer_s,
             "data_time_samples_s": data_s, "trace_path": str(profiler.path) if profiler.path else None,
             "trace_reason": profiler.reason,
             "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
@@ -203,8 +188,12 @@ def rank_facts(work: Workload, device: torch.device) -> dict:
             "cpu_share": cpu_share().as_dict() if device.type == "cpu" else None}
 
 
-_COLLECTIVES = {"all_gather": ("allgather",), "reduce_scatter": ("reduce_scatter",),
-                "all_reduce": ("allreduce",)}
+def _oom_snapshots(cfg: TrainConfig) -> dict:
+    """A failed run's link to the snapshots its ranks dumped at the out-of-memory error."""
+    if not cfg.memory_snapshot:
+        return {}
+    found = sorted(Path(cfg.memory_snapshot_dir).glob("rank*-oom.pickle"))
+    return {"memory_snapshot_oom_paths": json.dumps([str(p) for p in found])} if found else {}
 
 
 def _collective_calls(counted: list[dict] | None) -> dict[str, int] | None:
@@ -212,7 +201,7 @@ def _collective_calls(counted: list[dict] | None) -> dict[str, int] | None:
     if counted is None:
         return None
     ops = [r["op"] for r in counted if r["op"].startswith("c10d.")]
-    return {kind: sum(any(k in op for k in keys) for op in ops) for kind, keys in _COLLECTIVES.items()}
+    return {kind: sum(any(k in op for k in keys) for op in ops) for kind, keys in COLLECTIVES.items()}
 
 
 def _matmul_dtype(counted: list[dict] | None) -> str | None:
@@ -222,115 +211,6 @@ def _matmul_dtype(counted: list[dict] | None) -> str | None:
         if r["family"] == "matmul":
             flop_by_dtype[r["dtype"]] = flop_by_dtype.get(r["dtype"], 0) + int(r["flop"])
     return str(max(flop_by_dtype, key=flop_by_dtype.get)) if flop_by_dtype else None
-
-
-def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[float, str | None]:
-    """FLOP counted in one step over all ranks, or (NaN, why not)."""
-    reason = _count_reason(cfg)
-    if reason is None:
-        # Each rank counted the forward and backward of its slice of the batch (FSDP2 gathers
-        # whole parameters for them, so these are plain, unsharded ops).
-        return float(sum(r["counted_flop"] for r in rank_results)), None
-    return math.nan, reason
-
-
-def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
-    """One results row from every rank's result: a step lasts as long as its slowest rank."""
-    per_step = [max(times) for times in zip(*(r["step_time_samples_s"] for r in rank_results))]
-    data_samples = [max(times) for times in zip(*(r["data_time_samples_s"] for r in rank_results))]
-    timing = Measurement(samples_s=tuple(per_step), warmup_calls=cfg.warmup_steps,
-                         label=f"{cfg.model} {cfg.parallelism} step").as_row("step_time")
-    first, losses = rank_results[0], rank_results[0]["losses"]
-    step_s = timing["step_time_s"]
-    tokens = (cfg.batch_size * first["tokens_per_sample"] if first["tokens_per_sample"]
-              else math.nan)
-    # One GPU per rank (peak × world_size); on a CPU the peak of the physical cores the ranks'
-    # affinity and threads gave them (perfkit.analyse.mfu); of the dtype the matmuls ran in.
-    peak = mfu.peak_flop_per_s(device_kind=first["device_kind"], device_name=first["device_name"],
-                               precision=cfg.compute_dtype, devices=cfg.world_size,
-                               compute_units=first.get("device_compute_units"),
-                               cpu_shares=[r["cpu_share"] for r in rank_results if r.get("cpu_share")])
-    model_flop = float(first["flop_per_sample"] * cfg.batch_size)
-    counted_flop, counted_reason = _counted_step_flop(cfg, rank_results)
-    return {
-        **cfg.as_row(), "workload": WORKLOAD, "status": OK, "error": None, **timing,
-        "samples_per_s": cfg.batch_size / step_s,
-        "tokens_per_s": tokens / step_s,
-        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rank_results),
-        "peak_mem_bytes_per_rank": [r["peak_mem_bytes"] for r in rank_results],
-        "peak_mem_kind": first["peak_mem_kind"], "n_params": first["n_params"],
-        "n_params_non_embedding": first["n_params_non_embedding"],
-        "step_model_flop": model_flop,
-        "model_flop_per_s": model_flop / step_s,
-        "peak_flop_per_s": peak.flop_per_s,
-        "peak_source": peak.source,
-        "cpu_threads": peak.cpu_threads, "cpu_cores_counted": peak.cpu_cores,
-        "mfu": mfu.utilisation(model_flop, step_s, peak),
-        "mfu_convention": mfu.mfu_convention(cfg.model, peak, first.get("flop_convention")) + (
-            "; fp8: the dense fp8 peak, an upper bound (only the converted Linears run in fp8)"
-            if cfg.precision == "fp8" else ""),
-        **fp8_notes.fp8_columns(cfg),
-        "mfu_reason": first.get("flop_reason") or peak.reason,
-        "model_family": first.get("model_family", "builtin"), "model_config_note": first.get("config_note"),
-        **catalog.package_versions(first.get("model_family", "builtin")),
-        "step_counted_flop": counted_flop,
-        "counted_flop_per_s": counted_flop / step_s,
-        "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),
-        "counted_flop_reason": counted_reason or peak.reason,
-        "matmul_dtype_counted": first.get("matmul_dtype_counted"),
-        "uncounted_ops": ", ".join(sorted(set().union(*(r["uncounted_ops"] for r in rank_results)))),
-        "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-        "loss_fell": bool(losses[-1] < losses[0]),
-        "resolved_device": first["device"], "device_name": first["device_name"],
-        "grad_scale": first["grad_scale"],
-        # The batch fetch, outside the timed step (slowest rank per step, as the step).
-        "data_time_s": _median(data_samples),
-        # What data_time_s measured (perfkit.analyse.advice.training.data_source reads it).
-        "data_source": "data_delay_s" if cfg.data_delay_s else "the entry point's make_batch"
-        if catalog.family_of(cfg.model) == "entry" else "perfkit's synthetic batch",
-        "data_time_samples_s": data_samples,
-        "trace_path": first["trace_path"], "rank_trace_paths": [r["trace_path"] for r in rank_results],
-        "trace_reason": first["trace_reason"],
-        **trace_capture.summary_columns(r["trace_path"] for r in rank_results),
-        **(state := memory_model.row_columns(cfg, rank_results, str(first["device"]).split(":")[0])),
-        **(fit := memory_fit.row_columns(cfg, rank_results))[0],
-        **memory_edge.edge_columns(cfg, state["memory_budget_bytes"], state["max_batch_size_predicted_analytic"], fit[1]),
-        **_snapshot_columns(rank_results),
-        "dp_size": cfg.dp_size, "tp_size": cfg.tp_size,
-        **{f"{k}_calls_per_step": (first["collective_calls"] or {}).get(k, math.nan) for k in _COLLECTIVES},
-        **(_pipeline_columns(cfg, rank_results) if cfg.parallelism == "pp" else {}),
-    }
-
-
-def _pipeline_columns(cfg: TrainConfig, rank_results: list[dict]) -> dict:
-    """A pipeline row's bubble (:func:`perfkit.analyse.pipeline_bubble.row_columns`) and stages."""
-    return {**pipeline_bubble.row_columns(cfg.pp_schedule, cfg.n_microbatches, cfg.stages_per_rank,
-                                          [r["intervals"] for r in rank_results],
-                                          [r["window_samples_s"] for r in rank_results]),
-            "pp_stages": cfg.world_size * cfg.stages_per_rank,
-            "stages_per_rank_held": [r["stages"] for r in rank_results],
-            "stage_params_per_rank": [r["stage_params"] for r in rank_results]}
-
-
-def _snapshot_columns(rank_results: list[dict]) -> dict:
-    """Rank 0's snapshot and its stacks at the peak; the peak is the largest over the ranks."""
-    if "memory_snapshot_path" not in rank_results[0]:
-        return {}
-    return {"memory_snapshot_path": rank_results[0]["memory_snapshot_path"],
-            "memory_snapshot_top_at_peak": rank_results[0]["memory_snapshot_top_at_peak"],
-            "memory_snapshot_peak_bytes": max(r["memory_snapshot_peak_bytes"] for r in rank_results)}
-
-
-def _oom_snapshots(cfg: TrainConfig) -> dict:
-    """A failed run's link to the snapshots its ranks dumped at the out-of-memory error."""
-    if not cfg.memory_snapshot:
-        return {}
-    found = sorted(Path(cfg.memory_snapshot_dir).glob("rank*-oom.pickle"))
-    return {"memory_snapshot_oom_paths": json.dumps([str(p) for p in found])} if found else {}
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
 
 
 def with_trace_dir(cfg: TrainConfig) -> TrainConfig:

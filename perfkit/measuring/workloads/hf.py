@@ -88,9 +88,15 @@ def task_of(model_type: str) -> str:
                         f"{model_type!r}")
 
 
+#: Config keywords every family takes that its ``to_dict`` does not list: ``attn_implementation``
+#: (``eager``, ``sdpa``, ...) picks the attention kernels, and with them what the counter sees:
+#: SDPA's backward recomputes Q·Kᵀ (torch.utils.flop_counter counts 5 matmuls, eager's 4).
+_CONFIG_KEYWORDS = {"num_labels", "attn_implementation"}
+
+
 def _known_keys(model_type: str) -> set[str]:
     cls = _config_class(model_type)
-    return set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | {"num_labels"}
+    return set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | _CONFIG_KEYWORDS
 
 
 def hf_config(spec: UserModelSpec):

@@ -10,9 +10,11 @@ Each task's synthetic batch (inputs as the model's keywords, targets), loss and 
   the decoder's cross-attention over the T encoder positions.
 - ``speech-seq2seq`` (``hf:whisper``; ``WhisperForConditionalGeneration``, the encoder–decoder it
   is): log-mel features in (``num_mel_bins`` × ``2·max_source_positions`` frames, Gaussian
-  noise), the arithmetic sequence out. FLOP: ``6·N_enc·S + 6·N_dec·T + 12·H·Q·(L_enc·S² +
-  L_dec·T·(T + S)) + 3·conv`` with S = ``max_source_positions`` and the two input convolutions'
-  forward FLOP counted exactly (:data:`WHISPER_FLOP_CONVENTION`).
+  noise), the arithmetic sequence out. FLOP: ``6·N_enc·S + 6·N_xkv·S + 6·N_dec·T + 12·H·Q·(L_enc·S²
+  + L_dec·T·(T + S)) + 2·conv1 + 3·conv2`` with S = ``max_source_positions``: the decoder's
+  cross-attention key and value projections (N_xkv) read the S encoder frames, not the T tokens;
+  the two input convolutions' forward FLOP counted exactly, conv1's backward its weight gradient
+  alone (the features take none) (:data:`WHISPER_FLOP_CONVENTION`).
 - ``ctc`` (``hf:wav2vec2``, ``hf:hubert``; ``AutoModelForCTC``): waveforms of ``audio_samples``
   samples (perfkit's key in ``model_size``, default 16000: 1 s at 16 kHz), random label sequences
   half the frames long, CTC loss (blank = ``pad_token_id``). FLOP NaN with the reason: the
@@ -39,9 +41,11 @@ __all__ = ["AUDIO_OWN", "TASKS", "task_from_mappings", "prepare_config", "task_p
 SEQ2SEQ_FLOP_CONVENTION = ("6N·T + 12·H·Q·T²·(L_enc + 2·L_dec) per sample (PaLM app. B over both stacks, "
                            "cross-attention over T encoder positions); N = parameters outside the "
                            "embedding tables + a tied lm head")
-WHISPER_FLOP_CONVENTION = ("6·N_enc·S + 6·N_dec·T + 12·H·Q·(L_enc·S² + L_dec·T·(T+S)) + 3× the input "
-                           "convolutions' forward FLOP per sample; S = max_source_positions frames, "
-                           "N without embedding tables and convolutions, + the tied output projection")
+WHISPER_FLOP_CONVENTION = ("6·N_enc·S + 6·N_xkv·S + 6·N_dec·T + 12·H·Q·(L_enc·S² + L_dec·T·(T+S)) + "
+                           "2·conv1 + 3·conv2 forward FLOP per sample; S = max_source_positions frames, "
+                           "N_xkv the decoder's cross-attention K/V projections (they read the S encoder "
+                           "frames), N without embedding tables and convolutions, + the tied output "
+                           "projection; conv1's input takes no gradient")
 AST_FLOP_CONVENTION = "6N·P + 12·L·H·Q·P² per sample over its P patch tokens, the classifier once"
 #: model_size keys perfkit takes itself for a waveform model (not config fields).
 AUDIO_OWN = ("audio_samples",)
@@ -188,16 +192,26 @@ def _seq2seq_flop(model, config, t: int) -> float:
     return float(6 * n * t + 12 * _attention_width(config) * t * t * (config.num_hidden_layers + 2 * _decoder_layers(config)))
 
 
+def _cross_kv_params(decoder) -> int:
+    """Parameters of the decoder's cross-attention key and value projections: they read the
+    encoder's output, so they run over its positions, not the decoder's tokens."""
+    return sum(p.numel() for layer in decoder.layers for proj in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)
+               for p in proj.parameters())
+
+
 def _whisper_flop(model, config, t: int) -> float:
     encoder, decoder = model.get_encoder(), model.get_decoder()
     convs = [encoder.conv1, encoder.conv2]
     n_enc = non_embedding_params(encoder) - sum(p.numel() for c in convs for p in c.parameters())
-    n_dec = non_embedding_params(decoder) + _tied_head(model)
+    n_cross = _cross_kv_params(decoder)
+    n_dec = non_embedding_params(decoder) + _tied_head(model) - n_cross
     s, d, mel = config.max_source_positions, config.d_model, config.num_mel_bins
-    conv_forward = 2 * 3 * mel * d * (2 * s) + 2 * 3 * d * d * s  # conv1 (stride 1) at 2S frames, conv2 to S
+    conv1 = 2 * 3 * mel * d * (2 * s)  # stride 1 over the 2S log-mel frames
+    conv2 = 2 * 3 * d * d * s  # stride 2, to S frames
     hq = _attention_width(config)
     attention = 12 * hq * (config.encoder_layers * s * s + config.decoder_layers * t * (t + s))
-    return float(6 * n_enc * s + 6 * n_dec * t + attention + 3 * conv_forward)
+    # conv1's backward is its weight gradient alone: the log-mel features take no gradient.
+    return float(6 * n_enc * s + 6 * n_cross * s + 6 * n_dec * t + attention + 2 * conv1 + 3 * conv2)
 
 
 def _ast_flop(model, config) -> float:

@@ -19,11 +19,12 @@ __all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_ba
 
 _BASELINES = {"none": "no wrapper", "wrapper": "wrapper on 1 rank"}
 _SERIES = ("parallelism", "scaling_mode")
-_COMPONENTS = ("compute", "exposed communication", "straggler idle")
+_COMPONENTS = ("forward + backward", "optimizer", "exposed communication", "straggler idle")
 #: Settings that tell a sweep's configurations apart; the ones that vary join the series label.
 _SETTINGS = ("model", "precision", "batch", "steps", "threads_per_rank", "compile",
              "activation_checkpointing")
-_COLORS = {"compute": "#4c78a8", "exposed communication": "#f58518", "straggler idle": "#b8b8b8"}
+_COLORS = {"forward + backward": "#4c78a8", "optimizer": "#72b7b2", "exposed communication": "#f58518",
+           "straggler idle": "#b8b8b8"}
 
 
 def _label(row, series: Sequence[str]) -> str:
@@ -127,14 +128,17 @@ def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
 
 
 def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)):
-    """Stacked bars per point (series × world size): compute, exposed communication, straggler.
+    """Stacked bars per point (series × world size): forward + backward, optimizer, exposed
+    communication, straggler.
 
     ``df`` is :func:`perfkit.analyse.scaling.step_breakdown` output: compute =
-    ``typical_rank_compute_time_s``, straggler idle = ``straggler_time_s`` (slowest rank's
-    compute − the other ranks' median), exposed communication = ``exposed_comm_time_s`` (step −
-    compute-only step); they stack to the step time. A point without per-rank compute times draws
-    its whole ``compute_time_s`` as compute. A negative part (noise larger than the communication)
-    is drawn as 0; the hover has the values."""
+    ``typical_rank_compute_time_s``, of which ``optimizer_time_s`` (the synchronised step's
+    optimizer, timed apart) is drawn as optimizer and the rest as forward + backward; straggler
+    idle = ``straggler_time_s`` (slowest rank's compute − the other ranks' median), exposed
+    communication = ``exposed_comm_time_s`` (step − compute-only step); they stack to the step
+    time. A point without per-rank compute times draws its whole ``compute_time_s`` as compute,
+    one without an optimizer time all of it as forward + backward. A negative part (noise larger
+    than the communication) is drawn as 0; the hover has the values."""
     hv = hv_bokeh()
     rows = ok_rows(df)
     rows = rows[rows["compute_time_s"].notna()] if "compute_time_s" in rows else rows.iloc[0:0]
@@ -142,7 +146,10 @@ def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)
         return hv.Div("<p>No points with status ok and a compute-only time.</p>")
     rows = rows.sort_values(["world_size", *[c for c in series if c in rows]])
     straggler = rows["straggler_time_s"].fillna(0.0)
-    parts = {"compute": rows["compute_time_s"] - straggler,
+    compute = rows["compute_time_s"] - straggler
+    optimizer = (rows["optimizer_time_s"].fillna(0.0).clip(upper=compute) if "optimizer_time_s" in rows
+                 else pd.Series(0.0, index=rows.index))
+    parts = {"forward + backward": compute - optimizer, "optimizer": optimizer,
              "exposed communication": rows["exposed_comm_time_s"],
              "straggler idle": straggler}
     factor, prefix = display_scale(rows["step_time_s"].tolist(), below_one=True)
