@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces" / "trace_diff" / "control.json.gz"
-_IMPORTS = {"perfkit": "import perfkit.analyse.trace_breakdown", "hta": "import hta.trace_analysis"}
+_IMPORTS = {"perfkit": "import perfkit.analyse.trace.breakdown", "hta": "import hta.trace_analysis"}
 
 
 # --- the two sides, each in a child process ---------------------------------------------------------
@@ -42,7 +42,7 @@ def _child(side: str, path: str, out: str) -> None:
     # Imports happen before the clock starts (a session pays them once, not per trace); the
     # peak memory includes them, and "net" below takes them out.
     if side == "perfkit":
-        from perfkit.analyse.trace_breakdown import breakdowns, read_trace
+        from perfkit.analyse.trace.breakdown import breakdowns, read_trace
     else:
         from hta.trace_analysis import TraceAnalysis
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ TRACES = REPO.parent / "shared" / "reference" / "traces"
 
 
 def _trace_row(path: Path, config_id: str, **extra) -> dict:
-    from perfkit.analyse.trace_breakdown import trace_summary
+    from perfkit.analyse.trace.breakdown import trace_summary
 
     summary = trace_summary([path]).iloc[0]
     return {"status": "ok", "config_id": config_id, "workload": "train_step", "notebook": "train_step.ipynb",

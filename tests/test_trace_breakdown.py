@@ -19,14 +19,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.analyse import trace_events
-from perfkit.analyse.trace_breakdown import (
+from perfkit.analyse.trace import events as trace_events
+from perfkit.analyse.trace.breakdown import (
     DATA_WAIT_SPAN, breakdowns, comm_comp_overlap, data_wait_share, kernel_type_breakdown,
     temporal_breakdown, top_kernels, trace_summary,
 )
-from perfkit.analyse.trace_diff import trace_diff
-from perfkit.analyse.trace_events import read_trace
-from perfkit.analyse.trace_window import analysis_window
+from perfkit.analyse.trace.diff import trace_diff
+from perfkit.analyse.trace.events import read_trace
+from perfkit.analyse.trace.window import analysis_window
 from perfkit.core.errors import BadInputError
 
 REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "traces"

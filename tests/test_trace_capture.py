@@ -125,7 +125,7 @@ def test_a_profiled_training_sweep_leaves_a_trace_per_configuration_and_rank_ana
     import yaml
 
     import perfkit
-    from perfkit.analyse.trace_breakdown import data_wait_share
+    from perfkit.analyse.trace.breakdown import data_wait_share
 
     repo = Path(__file__).resolve().parents[1]
     spec = tmp_path / "spec.yaml"

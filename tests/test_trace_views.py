@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.analyse.trace_breakdown import breakdowns, data_wait_share, top_kernels
-from perfkit.analyse.trace_diff import trace_diff
+from perfkit.analyse.trace.breakdown import breakdowns, data_wait_share, top_kernels
+from perfkit.analyse.trace.diff import trace_diff
 from perfkit.cli import main
 from perfkit.core.errors import BadInputError
 from perfkit.view import trace as tv

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfkit.analyse.trace_events import TraceEvents, read_trace
+from perfkit.analyse.trace.events import TraceEvents, read_trace
 from perfkit.core.errors import BadInputError
 
 __all__ = ["HOST", "DEVICE", "COMM", "StepGraph", "step_graphs", "replay", "replay_error"]

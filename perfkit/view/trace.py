@@ -1,10 +1,10 @@
 """``perfkit trace``: where the time of a profiled run goes, from its Kineto/Chrome traces.
 
 Finds the traces of the paths given (:func:`find_trace_sets`: trace files, folders of rank files,
-results directories), runs :mod:`perfkit.analyse.trace_breakdown` on each set (all ranks of one
+results directories), runs :mod:`perfkit.analyse.trace.breakdown` on each set (all ranks of one
 run together, as HTA analyses one trace folder) and shows the result as text or as one JSON
 object whose records carry HTA's field names, so a user can check perfkit against HTA line by
-line. ``--diff A B`` compares two traces with :func:`perfkit.analyse.trace_diff.trace_diff`.
+line. ``--diff A B`` compares two traces with :func:`perfkit.analyse.trace.diff.trace_diff`.
 The report's Traces section and ``notebooks/trace.ipynb`` use the same functions
 (:mod:`perfkit.view.trace_report`).
 """
@@ -94,7 +94,7 @@ class TraceResult:
 
     trace: TraceSet
     breakdowns: dict
-    """``temporal``, ``idle``, ``kernel_types``, ``overlap`` (:func:`~perfkit.analyse.trace_breakdown.breakdowns`)."""
+    """``temporal``, ``idle``, ``kernel_types``, ``overlap`` (:func:`~perfkit.analyse.trace.breakdown.breakdowns`)."""
     top_kernels: pd.DataFrame
     data_wait: pd.DataFrame
     events: int
@@ -153,7 +153,7 @@ def _check_steps(steps) -> tuple[int, int] | None:
 
 def _read(paths, *, desc: str) -> list:
     """Read trace files, with a bar over their bytes when someone watches (a terminal, JupyterLab)."""
-    from ..analyse.trace_events import read_trace
+    from ..analyse.trace.events import read_trace
     from ..core.progress import watched
 
     total = sum(p.stat().st_size for p in paths)
@@ -171,7 +171,7 @@ def _read(paths, *, desc: str) -> list:
 
 def analyse_set(trace: TraceSet, *, steps: tuple[int, int] | None = None, top: int = 10) -> TraceResult:
     """Read one trace set and compute every breakdown (raises :class:`BadInputError` on a bad file)."""
-    from ..analyse.trace_breakdown import breakdowns, data_wait_share, top_kernels
+    from ..analyse.trace.breakdown import breakdowns, data_wait_share, top_kernels
 
     events = _read(trace.paths, desc=f"reading {trace.label}")
     return TraceResult(trace=trace, breakdowns=breakdowns(events, steps=steps),
@@ -317,7 +317,7 @@ def render_diff(diff, *, control: Path, test: Path, device: str, top: int) -> st
 
 
 def _run_diff(args, steps) -> int:
-    from ..analyse.trace_diff import trace_diff
+    from ..analyse.trace.diff import trace_diff
 
     control, test = (_diff_side(p) for p in args.paths)
     a, b = _read([control, test], desc="reading traces")

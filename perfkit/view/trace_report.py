@@ -2,7 +2,7 @@
 trace files, linked.
 
 Rows of a profiled run carry ``trace_path`` (rank 0), ``rank_trace_paths`` (every rank) and the
-summary columns of :func:`perfkit.analyse.trace_breakdown.trace_summary` (``trace_idle_share``,
+summary columns of :func:`perfkit.analyse.trace.breakdown.trace_summary` (``trace_idle_share``,
 ...). The summary table comes from those columns; the stacked temporal breakdown and the top
 kernels need the traces themselves, read when the report is made, at most
 :data:`MAX_REPORT_SETS` runs (the section says when it stopped there). Links to the files are

@@ -12,7 +12,7 @@ import pandas as pd
 from .findings import Experiment, Finding, Rule, confidence_of, finite, flag, notebook_of, point_labels, rows_of
 from ..compare_match import canon
 from ..roofline import STEP_OP
-from ..trace_breakdown import SHORT_KERNEL_US
+from ..trace.breakdown import SHORT_KERNEL_US
 
 __all__ = ["host_bound", "memory_bound_ops", "precision_below_device", "precision_slower", "BITS"]
 

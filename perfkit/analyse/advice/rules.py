@@ -91,7 +91,7 @@ RULES: tuple[Rule, ...] = (
          kernels.gemm_below_ceiling, "a GEMM that reaches under half of what the device reaches"),
     Rule("host_bound", "host/launch-bound", 0.5,
          "pytorch/kineto tb_plugin RunProfileData._analyze_gpu_metrics: GPU utilization < 0.5 is low; "
-         "idle time as Holistic Trace Analysis' temporal breakdown counts it (analyse/trace_breakdown.py)",
+         "idle time as Holistic Trace Analysis' temporal breakdown counts it (analyse/trace/breakdown.py)",
          compute.host_bound, "the device waits on the host between kernels"),
     Rule("launch_bound_generation", "launch/host-bound generation", 0.10,
          "roofline: a decode under 10 % of its roof whose roof time is under 1 ms waits on launches and "

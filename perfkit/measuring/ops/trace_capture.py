@@ -12,7 +12,7 @@ allocation stay out), then writes one Chrome/Kineto trace, gzipped, per rank:
 Each step is a ``ProfilerStep#N`` span (``step()`` at the end of every loop iteration, so a
 step's span runs from the top of the loop and includes fetching its batch); the batch fetch itself is a :data:`DATA_WAIT_SPAN`
 span, so the share of a step spent waiting for data is visible in the trace and in
-:func:`perfkit.analyse.trace_breakdown.data_wait_share`. Multi-rank traces carry
+:func:`perfkit.analyse.trace.breakdown.data_wait_share`. Multi-rank traces carry
 ``distributedInfo`` (torch.profiler adds it when a process group is up).
 
 Bounded by construction: few active steps, shapes and stacks off unless asked, and a size cap:
@@ -113,13 +113,13 @@ _SHARES = ("trace_idle_share", "trace_exposed_comm_share", "trace_data_wait_shar
 
 
 def summary_columns(paths) -> dict:
-    """What a results row carries of its traces (one per rank; :func:`perfkit.analyse.trace_breakdown.trace_summary`):
+    """What a results row carries of its traces (one per rank; :func:`perfkit.analyse.trace.breakdown.trace_summary`):
     each share averaged over the ranks, and rank 0's top kernel (top CPU op on a CPU trace).
     A trace that cannot be analysed leaves the row its measurement and says why."""
     paths = [p for p in paths if p]
     if not paths:  # before the import: the analysis (0.2 s of imports) only where a trace exists
         return {}
-    from perfkit.analyse.trace_breakdown import trace_summary
+    from perfkit.analyse.trace.breakdown import trace_summary
 
     try:
         summary = trace_summary(paths)

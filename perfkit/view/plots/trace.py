@@ -1,6 +1,6 @@
 """Trace plots: where the time of a profiled run goes (HTA's temporal breakdown) and its top kernels.
 
-Inputs are the frames of :mod:`perfkit.analyse.trace_breakdown` (``temporal_breakdown``,
+Inputs are the frames of :mod:`perfkit.analyse.trace.breakdown` (``temporal_breakdown``,
 ``top_kernels``), optionally with a ``trace`` column naming the trace set each row comes from
 (several sets, e.g. a sweep's configurations, draw side by side). No trace is read here.
 """

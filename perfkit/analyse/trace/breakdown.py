@@ -1,13 +1,13 @@
 """Where the time of a profiled run goes: Holistic Trace Analysis' breakdowns, per rank.
 
-Inputs are Kineto/Chrome traces (paths, or :class:`~perfkit.analyse.trace_events.TraceEvents`
+Inputs are Kineto/Chrome traces (paths, or :class:`~perfkit.analyse.trace.events.TraceEvents`
 from :func:`read_trace`), one per rank; a set passed together is analysed as HTA analyses one
 ``TraceAnalysis``. Outputs are DataFrames whose columns carry HTA's names for HTA's quantities
 (times in microseconds, as HTA); the analyses HTA lacks (top kernels, data wait) use SI units.
 
 Definitions are HTA 0.5.0's (``hta/analyzers/breakdown_analysis.py``,
 ``communication_analysis.py``), edge cases included; which events are analysed (the window,
-host or GPU, launches, kernel types) is :mod:`perfkit.analyse.trace_window`'s, also HTA's.
+host or GPU, launches, kernel types) is :mod:`perfkit.analyse.trace.window`'s, also HTA's.
 
 - **Temporal**: ``kernel_time`` = last GPU activity end − first start; ``idle`` = kernel_time −
   |∪ activity|; ``compute`` = |∪ COMPUTATION|; ``non_compute`` = the rest.
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from perfkit.analyse.trace_events import read_trace
-from perfkit.analyse.trace_window import (
+from perfkit.analyse.trace.events import read_trace
+from perfkit.analyse.trace.window import (
     KERNEL_TYPES, STEP_RE, RankWindow, analysis_window, kernel_type, merge_intervals,
 )
 from perfkit.core.errors import BadInputError

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from perfkit.analyse.trace_events import TraceEvents, read_trace
+from perfkit.analyse.trace.events import TraceEvents, read_trace
 from perfkit.core.errors import BadInputError
 
 __all__ = ["RankWindow", "analysis_window", "kernel_type", "merge_intervals", "KERNEL_TYPES", "STEP_RE"]

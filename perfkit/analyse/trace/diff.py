@@ -1,7 +1,7 @@
 """What changed between two traces: the kernels and operators whose time moved most, and those
 that appeared or disappeared (e.g. one configuration under two variants).
 
-Each side is summarised over its analysis window (:mod:`perfkit.analyse.trace_window`: HTA's
+Each side is summarised over its analysis window (:mod:`perfkit.analyse.trace.window`: HTA's
 default, all ProfilerSteps but the last, or ``steps=(a, b)``) by event name: how many times it
 ran and its summed duration, **per ProfilerStep** of the window, so that two traces with a
 different number of profiled steps compare fairly (a trace without ProfilerSteps counts as one
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfkit.analyse.trace_window import RankWindow, analysis_window
+from perfkit.analyse.trace.window import RankWindow, analysis_window
 from perfkit.core import checks
 from perfkit.core.errors import BadInputError
 
