@@ -57,6 +57,12 @@ def _hta_ready() -> None:
     warnings.filterwarnings("ignore", module="hta")
 
 
+def _rounded(paths: list[str]) -> list:
+    """The traces as HTA reads them: every time rounded inward to whole µs (perfkit's reader keeps
+    the exact fractional times unless asked; parity with HTA asks)."""
+    return [read_trace(p, round_to_us=True) for p in paths]
+
+
 def _hta(paths: list[str]):
     _hta_ready()
     from hta.common.trace_file import create_rank_to_trace_dict
@@ -139,7 +145,7 @@ def reference(request, tmp_path_factory):
     else:
         paths = _paths(request.param)
     ta = _hta(paths)
-    return request.param, paths, ta, breakdowns([read_trace(p) for p in paths])
+    return request.param, paths, ta, breakdowns(_rounded(paths))
 
 
 def test_temporal_breakdown_equals_hta(reference):
@@ -188,12 +194,12 @@ def test_kernel_totals_equal_htas_kernel_breakdown(reference):
     name, paths, ta, _ = reference
     _, theirs = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=10_000, duration_ratio=1.0)
     theirs = theirs[theirs["name"] != "others"].assign(count=lambda d: d["sum (us)"] / d["mean (us)"])
-    mine = top_kernels(paths, n=100_000).assign(**{"sum (us)": lambda d: d["total_time_s"] * 1e6})
+    mine = top_kernels(_rounded(paths), n=100_000).assign(**{"sum (us)": lambda d: d["total_time_s"] * 1e6})
     mine = mine[mine["kernel_type"].isin(["COMPUTATION", "COMMUNICATION", "MEMORY"])]
     # HTA's table counts a kernel once more for every further host event carrying its correlation
     # id (its join); top_kernels counts each event once. Per event, how often the join repeats it:
     ran = pd.DataFrame([{"rank": w.rank, "name": w.ev.names[w.ev.name_id[i]], "dur": w.ev.dur_us[i], "n": n}
-                        for w in analysis_window(paths) for i, n in zip(*np.unique(w.dev, return_counts=True))])
+                        for w in analysis_window(_rounded(paths)) for i, n in zip(*np.unique(w.dev, return_counts=True))])
     repeated = set(ran.loc[ran["n"] > 1, "name"])
     keys = ["rank", "name", "sum (us)", "count"]
     _side_by_side(f"{name} kernel totals", mine.loc[~mine["name"].isin(repeated), keys],
@@ -208,7 +214,7 @@ def test_kernel_totals_equal_htas_kernel_breakdown(reference):
         assert got["count"].tolist() == g["ran"].tolist() and np.allclose(got["sum (us)"], g["ran_us"]), (got, g)
     if name == "edge":  # its runtime call repeated with one id (without steps, HTA joins nothing)
         assert repeated == {"reduce"}
-    shares = top_kernels(paths, n=100_000).groupby("rank")["share"].sum()
+    shares = top_kernels(_rounded(paths), n=100_000).groupby("rank")["share"].sum()
     assert np.allclose(shares, 1.0), shares
 
 
@@ -221,8 +227,8 @@ def test_step_window_equals_hta_iteration_filter():
 
     ta = _hta(paths)
     ta.t.traces = {r: IterationFilter([1010, 1011, 1012])(df) for r, df in ta.t.traces.items()}
-    ours = breakdowns(paths, steps=(1010, 1012))
-    full = temporal_breakdown(paths)
+    ours = breakdowns(_rounded(paths), steps=(1010, 1012))
+    full = temporal_breakdown(_rounded(paths))
     assert ours["temporal"]["kernel_time(us)"].iloc[0] < 0.7 * full["kernel_time(us)"].iloc[0]  # 3 of 5 steps
     theirs = BreakdownAnalysis.get_temporal_breakdown(ta.t, visualize=False)
     _side_by_side("steps 1010..1012 temporal", ours["temporal"], theirs, ["rank"],
@@ -245,7 +251,7 @@ def test_trace_diff_equals_hta_compare_traces():
 
     c = LabeledTrace("c", t=Trace(trace_files={3: control_path}, trace_dir="/"))
     t = LabeledTrace("t", t=Trace(trace_files={1: test_path}, trace_dir="/"))
-    control, test = read_trace(control_path), read_trace(test_path)
+    control, test = _rounded([control_path, test_path])
     theirs = TraceDiff.compare_traces(c, t).reset_index(names="name")  # first iteration (1009) of each
     theirs = theirs[~theirs["name"].str.startswith("ProfilerStep")]
     theirs = theirs.assign(c_us=theirs["c_total_duration"], t_us=theirs["t_total_duration"])
@@ -377,12 +383,20 @@ def test_reader_keeps_what_hta_keeps(tmp_path):
         {"ph": "i", "name": "marker", "ts": 3, "pid": 1, "tid": 1},
         {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "ts": 0, "dur": 99, "pid": "Spans", "tid": "x"},
     ]
-    tr = read_trace(_write(tmp_path / "t.json.gz", {"deviceProperties": [{"id": 0}], "traceEvents": events}, gz=True))
+    path = _write(tmp_path / "t.json.gz", {"deviceProperties": [{"id": 0}], "traceEvents": events}, gz=True)
+    tr = read_trace(path, round_to_us=True)
     assert [tr.names[i] for i in tr.name_id] == ["hipLaunchKernel", "Cijk_gemm"]
     assert tr.stream.tolist() == [-1, 0] and tr.correlation.tolist() == [7, 7] and tr.index.tolist() == [1, 2]
     # Fractional timestamps: HTA rounds inward, ts up and end down.
     assert tr.rounded_to_us and (tr.ts_us + tr.origin_us).tolist() == [11, 21] and tr.dur_us.tolist() == [1, 5]
     assert tr.rank == 0 and tr.device_properties == [{"id": 0}] and tr.thread_names == {(2, 0): "stream 0 "}
+    # perfkit's default: the times as written (issue 54: HTA's rounding lost a sixth of an inference
+    # trace's 1-5 µs kernels); and a sub-µs event HTA's rounding would end before it starts lasts 0.
+    exact = read_trace(path)
+    assert not exact.rounded_to_us and (exact.ts_us + exact.origin_us).tolist() == [10.4, 20.5]
+    assert exact.dur_us.tolist() == pytest.approx([2.2, 5.7], abs=1e-9)
+    tiny = _write(tmp_path / "tiny.json", {"traceEvents": [_x("kernel", "k", 10.2, 0.5, correlation=1, stream=7)]})
+    assert read_trace(tiny, round_to_us=True).dur_us.tolist() == [0.0]
 
 
 @pytest.mark.parametrize("content", [b"not json at all", b'{"traceEvents": [{"ph": "X",', b'{"schemaVersion": 1}',

@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd

@@ -24,39 +24,33 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import BadInputError
+from .trace_text import BREAKDOWN_HELP, VIEWER_HINT, data_wait_by_rank, format_time, render_diff, render_text
 
 __all__ = ["add_trace_command", "run_trace", "TraceSet", "TraceResult", "find_trace_sets", "analyse_set",
            "frames", "to_json", "render_text", "diff_to_json", "render_diff", "TRACE_PATH_ENV", "notebook_trace_path",
            "VIEWER_HINT", "HOW_TO_PROFILE", "BREAKDOWN_HELP", "format_time", "data_wait_by_rank"]
 
-VIEWER_HINT = "open in Perfetto (ui.perfetto.dev) or chrome://tracing"
 HOW_TO_PROFILE = "perfkit run notebooks/train_step.ipynb --out runs/t -p profile True"
 
-#: One line per breakdown: what it measures, in HTA's words (hta/analyzers/breakdown_analysis.py).
-BREAKDOWN_HELP = {
-    "temporal": "GPU timeline from its first kernel start to its last end (kernel_time), split into idle "
-                "(no GPU activity), compute (computation kernels) and non-compute (communication, memory) time",
-    "idle": "per GPU stream, the gaps between its kernels: host wait (launched after the previous one ended), "
-            "kernel wait (gap under 30 µs) or other",
-    "kernel_types": "GPU busy time in each mix of computation, communication and memory kernels running at once",
-    "overlap": "the share of communication time during which computation runs too (comp_comm_overlap_pctg)",
-    "top_kernels": "the kernels (CPU operators on a CPU-only trace) with the most total time, with counts and shares",
-    "data_wait": "the share of each ProfilerStep spent waiting for its batch (data_wait or DataLoader spans)",
-}
-
 HELP = f"""\
-Where does the time of a profiled run go? Breakdowns of Kineto traces (torch.profiler's Chrome
-JSON, .json or .json.gz) with Holistic Trace Analysis' definitions and field names.
+Where does the time of a profiled run go? Kineto traces (torch.profiler's Chrome JSON, .json or
+.json.gz) from NVIDIA or AMD GPUs, recorded by perfkit or not.
 
 PATH: a trace file, a folder of one run's rank files (one multi-rank trace set), or a results
 directory (every run under DIR/traces/<config_id>/<run>/). Make one with
 `{HOW_TO_PROFILE}`.
 
-Per trace set, per rank:
+Times are the trace's own, exact (--hta-rounding rounds them inward to whole microseconds as
+Holistic Trace Analysis does, for parity with HTA). Per trace set, per rank:
 """ + "".join(f"  {name:<13} {text}\n" for name, text in BREAKDOWN_HELP.items()) + f"""
---json prints one object with the keys temporal, idle, kernel_types, overlap, top_kernels and
-data_wait (lists of records; `trace` names the set). --diff A B: the kernels (CPU ops on CPU
-traces) whose time per step changed most between two traces, and those added or removed.
+Windows (--window): each ProfilerStep (the GPU work its host launched) and all steps together,
+or, without steps, everything launched in the trace; and the whole trace. The op table covers
+the steps (or what was launched). --link flow ties a kernel to its launch as TraceLens does
+(through an ac2g flow event; ROCm draws none for hipMemsetAsync), for parity with TraceLens.
+--json prints one object: timeline, op_categories, ops (every op call), op_shapes,
+unexplained_kernels, and HTA's temporal, idle, kernel_types, overlap, top_kernels, data_wait.
+--diff A B: the kernels (CPU ops on CPU traces) whose time per step changed most between two
+traces, and those added or removed.
 The traces themselves {VIEWER_HINT}.
 Exit codes: 0 done; 2 bad input (a missing path, not a trace, a folder without traces).
 """
@@ -76,6 +70,13 @@ def add_trace_command(sub) -> None:
                    help="analyse ProfilerStep#A..#B only (default: every step but the last, as HTA)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="kernels (or changes with --diff) to list (default 10)")
     p.add_argument("--diff", action="store_true", help="compare two traces: PATH A (control) and PATH B (test)")
+    p.add_argument("--window", choices=("auto", "steps", "launched", "trace"), default="auto",
+                   help="the GPU timeline's windows (default auto: each step and all steps, else launched; and trace)")
+    p.add_argument("--link", choices=("correlation", "flow"), default="correlation",
+                   help="how a kernel is tied to its launch: its correlation id (default), or also an ac2g flow "
+                        "as TraceLens requires")
+    p.add_argument("--hta-rounding", action="store_true",
+                   help="round every time inward to whole µs as HTA does (parity with HTA; default: exact)")
     p.set_defaults(func=run_trace)
 
 
@@ -99,6 +100,10 @@ class TraceResult:
     data_wait: pd.DataFrame
     events: int
     """Events kept from the files (all ranks)."""
+    timeline: pd.DataFrame = None
+    """:func:`perfkit.analyse.trace.timeline.gpu_timeline` of every rank."""
+    ops: tuple = ()
+    """One :class:`perfkit.analyse.trace.ops.TraceOps` per rank with GPU work."""
 
     @property
     def has_gpu(self) -> bool:
@@ -151,32 +156,42 @@ def _check_steps(steps) -> tuple[int, int] | None:
     return int(first), int(last)
 
 
-def _read(paths, *, desc: str) -> list:
+def _read(paths, *, desc: str, **options) -> list:
     """Read trace files, with a bar over their bytes when someone watches (a terminal, JupyterLab)."""
     from ..analyse.trace.events import read_trace
     from ..core.progress import watched
 
     total = sum(p.stat().st_size for p in paths)
     if not watched() or total < _PROGRESS_BYTES:
-        return [read_trace(p) for p in paths]
+        return [read_trace(p, **options) for p in paths]
     from tqdm.auto import tqdm
 
     out = []
     with tqdm(total=total, desc=desc, unit="B", unit_scale=True, file=sys.stderr) as bar:
         for p in paths:
-            out.append(read_trace(p))
+            out.append(read_trace(p, **options))
             bar.update(p.stat().st_size)
     return out
 
 
-def analyse_set(trace: TraceSet, *, steps: tuple[int, int] | None = None, top: int = 10) -> TraceResult:
-    """Read one trace set and compute every breakdown (raises :class:`BadInputError` on a bad file)."""
+def analyse_set(trace: TraceSet, *, steps: tuple[int, int] | None = None, top: int = 10, window: str = "auto",
+                link: str = "correlation", hta_rounding: bool = False) -> TraceResult:
+    """Read one trace set and compute its timeline, ops and breakdowns (raises :class:`BadInputError`
+    on a bad file)."""
     from ..analyse.trace.breakdown import breakdowns, data_wait_share, top_kernels
+    from ..analyse.trace.ops import trace_ops
+    from ..analyse.trace.timeline import gpu_timeline, main_window
 
-    events = _read(trace.paths, desc=f"reading {trace.label}")
+    events = _read(trace.paths, desc=f"reading {trace.label}", round_to_us=hta_rounding, op_args=True)
+    ops = []
+    for ev in events:
+        name, rows = main_window(ev, link)
+        if len(rows):
+            ops.append(trace_ops(ev, link=link, rows=rows, window=name))
     return TraceResult(trace=trace, breakdowns=breakdowns(events, steps=steps),
                        top_kernels=top_kernels(events, top, steps=steps),
-                       data_wait=data_wait_share(events, steps=steps), events=sum(len(e) for e in events))
+                       data_wait=data_wait_share(events, steps=steps), events=sum(len(e) for e in events),
+                       timeline=gpu_timeline(events, window=window, link=link), ops=tuple(ops))
 
 
 def _plain(value):
@@ -212,69 +227,17 @@ def to_json(results: list[TraceResult]) -> dict:
     """One object: ``traces`` (each set's files) and, as lists of records each with its
     ``trace``, ``temporal``, ``idle``, ``kernel_types``, ``overlap`` (HTA's field names),
     ``top_kernels`` and ``data_wait`` (per ProfilerStep)."""
-    out: dict = {"traces": [{"trace": r.trace.label, "files": [str(p) for p in r.trace.paths], "events": r.events}
+    out: dict = {"traces": [{"trace": r.trace.label, "files": [str(p) for p in r.trace.paths], "events": r.events,
+                             "devices": [{"rank": o.rank, "window": o.window, **o.roof} for o in r.ops]}
                             for r in results]}
+    out |= {"timeline": _records(pd.concat([r.timeline.assign(trace=r.trace.label) for r in results if len(r.timeline)])
+                                 if any(len(r.timeline) for r in results) else pd.DataFrame())}
+    for key, part in (("op_categories", lambda o: o.categories()), ("ops", lambda o: o.instances),
+                      ("op_shapes", lambda o: o.shapes), ("unexplained_kernels", lambda o: o.unexplained)):
+        frames_ = [part(o).assign(trace=r.trace.label, window=o.window) for r in results for o in r.ops]
+        frames_ = [f for f in frames_ if len(f)]
+        out[key] = _records(pd.concat(frames_, ignore_index=True)) if frames_ else []
     return out | {key: _records(frame) for key, frame in frames(results).items()}
-
-
-def _table(frame: pd.DataFrame) -> str:
-    return "    " + frame.to_string(index=False, na_rep="n/a").replace("\n", "\n    ")
-
-
-def data_wait_by_rank(data_wait: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: steps, Σ step time, Σ data wait and their ratio (as ``trace_summary``'s share)."""
-    g = data_wait.groupby("rank")
-    out = pd.DataFrame({"steps": g["step"].count(), "step_time_s": g["step_time_s"].sum(),
-                        "data_wait_time_s": g["data_wait_time_s"].sum()}).reset_index()
-    out["data_wait_share"] = out["data_wait_time_s"] / out["step_time_s"].where(out["step_time_s"] > 0)
-    return out
-
-
-def format_time(seconds: float) -> str:
-    """0.0123 → '12.3 ms' (display only; data stays in seconds)."""
-    if seconds != seconds:
-        return "n/a"
-    for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(seconds) >= factor:
-            return f"{seconds / factor:.3g} {unit}"
-    return f"{seconds / 1e-6:.3g} µs"
-
-
-def _names(names: pd.Series) -> pd.Series:
-    """Shortened and left-aligned (pandas right-aligns text columns)."""
-    from .plots.trace import short_name
-
-    short = names.map(lambda n: short_name(n, _NAME_CHARS))
-    return short.str.ljust(int(short.str.len().max())) if len(short) else short
-
-
-def _top_text(top: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({"rank": top["rank"], "name": _names(top["name"]), "type": top["kernel_type"].where(
-        top["kind"] == "kernel", "cpu_op"), "count": top["count"], "total": top["total_time_s"].map(format_time),
-        "share": top["share"].map(lambda v: f"{100 * v:.1f} %" if v == v else "n/a")})
-
-
-def render_text(results: list[TraceResult]) -> str:
-    """The breakdowns of every set as terminal tables, each introduced by what it measures."""
-    lines = []
-    for r in results:
-        files = ", ".join(p.name for p in r.trace.paths)
-        lines += [f"== {r.trace.label} ({len(r.trace.paths)} rank file(s): {files}; {r.events:,} events)", ""]
-        b = r.breakdowns
-        if not r.has_gpu:
-            lines += ["  Temporal, idle-time, kernel-type and overlap breakdowns: no GPU activity in this trace "
-                      "(CPU only; HTA's breakdowns need GPU kernels): see the top CPU operators.", ""]
-        for key, title in (("temporal", "Temporal breakdown"), ("idle", "Idle time per stream"),
-                           ("kernel_types", "Kernel types"), ("overlap", "Communication/computation overlap")):
-            if r.has_gpu:
-                lines += [f"  {title}: {BREAKDOWN_HELP[key]}.", _table(b[key]) if len(b[key]) else "    none", ""]
-        kind = "kernels" if r.has_gpu else "CPU operators"
-        lines.append(f"  Top {kind}: {BREAKDOWN_HELP['top_kernels']}.")
-        lines += [_table(_top_text(r.top_kernels)) if len(r.top_kernels) else "    none", ""]
-        lines.append(f"  Data wait: {BREAKDOWN_HELP['data_wait']}.")
-        lines += [_table(data_wait_by_rank(r.data_wait)) if len(r.data_wait) else "    no ProfilerStep in the window", ""]
-    lines.append(f"The trace files {VIEWER_HINT}.")
-    return "\n".join(lines)
 
 
 def _diff_side(given: str) -> Path:
@@ -294,33 +257,11 @@ def diff_to_json(diff, *, control: Path, test: Path, device: str, top: int) -> d
             "added_count": len(diff.added), "removed_count": len(diff.removed)}
 
 
-def _diff_text(frame: pd.DataFrame) -> str:
-    t = format_time
-    shown = pd.DataFrame({
-        "name": _names(frame["name"]), "control/step": frame["control_time_per_step_s"].map(t),
-        "test/step": frame["test_time_per_step_s"].map(t), "diff/step": frame["diff_time_per_step_s"].map(t),
-        "change": [f"{c} ({100 * r:+.1f} %)" if r == r and c not in ("added", "removed") else c
-                   for c, r in zip(frame["change"], frame["relative_change"])],
-    })
-    return _table(shown) if len(shown) else "    none"
-
-
-def render_diff(diff, *, control: Path, test: Path, device: str, top: int) -> str:
-    what = "GPU kernels" if device == "gpu" else "CPU operators"
-    lines = [f"== trace diff of {what}, time per ProfilerStep: control {control} ({diff.control_steps} steps) "
-             f"→ test {test} ({diff.test_steps} steps)", "",
-             "  Changed most (largest |test − control| per step):", _diff_text(diff.changed_most), "",
-             f"  Added (only in test; {len(diff.added)} in all):", _diff_text(diff.added.head(top)), "",
-             f"  Removed (only in control; {len(diff.removed)} in all):", _diff_text(diff.removed.head(top)), "",
-             f"The trace files {VIEWER_HINT}."]
-    return "\n".join(lines)
-
-
 def _run_diff(args, steps) -> int:
     from ..analyse.trace.diff import trace_diff
 
     control, test = (_diff_side(p) for p in args.paths)
-    a, b = _read([control, test], desc="reading traces")
+    a, b = _read([control, test], desc="reading traces", round_to_us=args.hta_rounding)
     # Kernels when either side ran some; a CPU-only pair compares its CPU operators.
     device = "gpu" if any((ev.stream != -1).any() for ev in (a, b)) else "cpu"
     diff = trace_diff(a, b, control_steps=steps, test_steps=steps, device=device, n=args.top)
@@ -341,8 +282,9 @@ def run_trace(args) -> int:
             raise BadInputError(f"--diff compares two traces: give exactly two PATHs (control, test), got {len(args.paths)}")
         return _run_diff(args, steps)
     sets = find_trace_sets(args.paths)
-    results = [analyse_set(s, steps=steps, top=args.top) for s in sets]  # all read before anything prints
-    print(json.dumps(to_json(results), indent=1) if args.json else render_text(results))
+    results = [analyse_set(s, steps=steps, top=args.top, window=args.window, link=args.link,
+                           hta_rounding=args.hta_rounding) for s in sets]  # all read before anything prints
+    print(json.dumps(to_json(results), indent=1) if args.json else render_text(results, top=args.top))
     return 0
 
 

@@ -11,13 +11,19 @@ peak memory is the columns (72 bytes per kept event) plus a few chunks of text.
 What is kept follows HTA's parser so the breakdowns can equal HTA's (``_compress_df``):
 
 - events that have a ``dur`` and a ``cat``, except ``cat == "Trace"`` (HTA drops the others);
-  ``python_function`` events are left out too (no analysis here reads them);
+  ``python_function`` events are left out too, but for activation checkpointing's recompute
+  (``torch/utils/checkpoint.py(...): recompute_fn``, the span TraceLens marks recompute under);
 - ``args.stream`` as HTA normalises it: ``int(value)``, or -1 when missing or not a number
   (ROCm's runtime events say ``"0x0"``, which becomes -1: host side);
 - ``args.correlation`` and ``args["External id"]`` (-1 when missing);
-- timestamps: when any ``ts`` is fractional or missing, HTA rounds every event inward to whole
-  microseconds (``ts = ceil(ts)``, ``end = floor(ts + dur)``, ``dur = end - ts``; see
-  pytorch/pytorch#122425), and so does this reader.
+- timestamps are exact: the trace's fractional microseconds, as written. HTA rounds every event
+  inward to whole microseconds when any ``ts`` is fractional (``ts = ceil(ts)``,
+  ``end = floor(ts + dur)``; pytorch/pytorch#122425): on an inference trace of 1–5 µs kernels that
+  loses a sixth of the GPU time (bert-small on an MI300X: 388.3 → 326 µs). ``round_to_us=True``
+  does as HTA does, for parity with HTA itself; a sub-microsecond event it would give a negative
+  duration keeps none (0), so no interval ends before it starts.
+- with ``op_args=True``, each ``cpu_op``'s recorded shapes (``record_shapes``): ``Input Dims``,
+  ``Input type``, ``Input Strides`` and ``Concrete Inputs``, in :attr:`TraceEvents.op_args`.
 
 Metadata: ``process_name``/``thread_name`` ('M' events), ``distributedInfo`` and
 ``deviceProperties``. The rank is ``distributedInfo.rank``, or 0 when absent (HTA's default).
@@ -44,6 +50,9 @@ _CHUNK_BYTES = 4 << 20
 _MAX_VALUE_CHARS = 64 << 20  # one JSON value (an event, a metadata block) larger than this is not a trace
 _WS = re.compile(r"[ \t\n\r]*")
 _SKIPPED_CATS = frozenset({"Trace", "python_function"})
+_RECOMPUTE_MARK = "recompute_fn"  # torch/utils/checkpoint.py's recompute_fn: TraceLens's is_recompute roots
+_OP_ARG_KEYS = (("Input Dims", "dims"), ("Input type", "types"), ("Input Strides", "strides"),
+                ("Concrete Inputs", "concrete"))
 _META_KEYS = ("distributedInfo", "deviceProperties")
 
 
@@ -78,6 +87,12 @@ class TraceEvents:
     thread_names: dict = field(default_factory=dict)
     distributed_info: dict = field(default_factory=dict)
     device_properties: list = field(default_factory=list)
+    flow_ids: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+    """Sorted ids of the ``ac2g`` flows the trace draws from a launch to its GPU event with both
+    ends (``ph`` ``s`` and ``f``): TraceLens links a kernel to its launch only through one."""
+    op_args: dict = field(default_factory=dict)
+    """Row → ``{"dims", "types", "strides", "concrete"}`` of each ``cpu_op`` with recorded shapes
+    (read with ``op_args=True``; empty otherwise)."""
 
     def __len__(self) -> int:
         return len(self.ts_us)
@@ -224,11 +239,12 @@ class _Columns:
         self.external_id, self.index = array("q"), array("q")
 
 
-def read_trace(path: str | os.PathLike, *, round_to_us: bool = True) -> TraceEvents:
+def read_trace(path: str | os.PathLike, *, round_to_us: bool = False, op_args: bool = False) -> TraceEvents:
     """The kept events of the trace at ``path`` (plain or gzipped JSON, detected from the bytes).
 
-    ``round_to_us=False`` keeps fractional timestamps as written (a replay of a CPU step's
-    microsecond-long ops, where HTA's inward rounding would shorten each by up to 2 µs).
+    Times are exact; ``round_to_us=True`` rounds them inward to whole microseconds as HTA does
+    (for parity with HTA itself, never the default). ``op_args=True`` keeps each ``cpu_op``'s
+    recorded shapes and dtypes (:attr:`TraceEvents.op_args`), what an op-level roofline needs.
 
     Raises :class:`BadInputError` (one line) for a file that is not a Chrome/Kineto trace.
     """
@@ -238,12 +254,12 @@ def read_trace(path: str | os.PathLike, *, round_to_us: bool = True) -> TraceEve
         raise BadInputError(f"{path}: {what}")
     src = _Source(path)
     try:
-        return _read(src, round_to_us)
+        return _read(src, round_to_us, op_args)
     finally:
         src.close()
 
 
-def _read(src: _Source, round_to_us: bool = True) -> TraceEvents:
+def _read(src: _Source, round_to_us: bool = False, op_args: bool = False) -> TraceEvents:
     meta: dict = {}
     cols = _Columns()
     names: dict[str, int] = {}
@@ -252,6 +268,8 @@ def _read(src: _Source, round_to_us: bool = True) -> TraceEvents:
     thread_names: dict = {}
     saw_events = False
     any_fractional_ts = False
+    args_of_ops: dict[int, dict] = {}
+    flows: dict[str, set] = {"s": set(), "f": set()}
     src.expect("{")
     if src.skip_ws() == "}":
         raise BadInputError(f"{src.path}: empty JSON object; no traceEvents, not a Chrome/Kineto trace")
@@ -262,7 +280,8 @@ def _read(src: _Source, round_to_us: bool = True) -> TraceEvents:
         src.expect(":")
         if key == "traceEvents":
             saw_events = True
-            any_fractional_ts |= _read_events(src, cols, names, other_ids, process_names, thread_names)
+            any_fractional_ts |= _read_events(src, cols, names, other_ids, process_names, thread_names,
+                                              args_of_ops if op_args else None, flows)
         else:
             value = src.value()
             if key in _META_KEYS:
@@ -278,7 +297,7 @@ def _read(src: _Source, round_to_us: bool = True) -> TraceEvents:
         # HTA's round_down_time_stamps: inward to whole microseconds, end first.
         end = np.floor(ts + dur)
         ts = np.ceil(ts)
-        dur = end - ts
+        dur = np.maximum(end - ts, 0.0)  # a sub-µs event rounded inward: no negative duration
     # Relative to the first event, as HTA aligns traces: epoch microseconds (~1.7e15) are near
     # 2**53, where float64 sums and fractional durations lose the sub-microsecond digits.
     origin = float(ts.min()) if len(ts) else 0.0
@@ -299,11 +318,15 @@ def _read(src: _Source, round_to_us: bool = True) -> TraceEvents:
         rounded_to_us=any_fractional_ts and round_to_us,
         process_names=process_names, thread_names=thread_names,
         distributed_info=info, device_properties=props if isinstance(props, list) else [],
+        op_args=args_of_ops,
+        flow_ids=np.array(sorted(i for i in flows["s"] & flows["f"] if type(i) is int), dtype=np.int64),
     )
 
 
-def _read_events(src, cols, names, other_ids, process_names, thread_names) -> bool:
-    """Consume the ``traceEvents`` array into ``cols``; True when some ts is fractional or missing."""
+def _read_events(src, cols, names, other_ids, process_names, thread_names, args_of_ops=None,
+                 flows=None) -> bool:
+    """Consume the ``traceEvents`` array into ``cols`` (and each ``cpu_op``'s shapes into
+    ``args_of_ops`` when given); True when some ts is fractional or missing."""
     src.expect("[")
     fractional = False
     name_id, cat_id = cols.name_id.append, cols.cat_id.append
@@ -326,9 +349,13 @@ def _read_events(src, cols, names, other_ids, process_names, thread_names) -> bo
         if type(ts) is not int:
             fractional = True  # a float (or missing) ts makes HTA's ts column float: it rounds
         dur, cat = ev.get("dur"), ev.get("cat")
-        if dur is None or cat is None or cat in _SKIPPED_CATS or ts is None:
-            if ev.get("ph") == "M":
+        if dur is None or cat is None or ts is None or (
+                cat in _SKIPPED_CATS and not (cat == "python_function" and _RECOMPUTE_MARK in ev.get("name", ""))):
+            ph = ev.get("ph")
+            if ph == "M":
                 _metadata(ev, process_names, thread_names)
+            elif cat == "ac2g" and flows is not None and ph in flows:
+                flows[ph].add(ev.get("id"))
             continue
         name = ev.get("name", "")
         nid = names.get(name)
@@ -344,6 +371,8 @@ def _read_events(src, cols, names, other_ids, process_names, thread_names) -> bo
             ext = _int_or(args.get("External id", -1))
         else:
             stream = corr = ext = -1
+        if args_of_ops is not None and cat == "cpu_op" and type(args) is dict and "Input Dims" in args:
+            args_of_ops[len(cols.ts)] = {short: args.get(key) for key, short in _OP_ARG_KEYS}
         try:
             ts_a(ts)
             dur_a(dur)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
