@@ -184,3 +184,35 @@ def test_perfkit_trace_shows_the_windows_and_the_roof_table_and_json_has_every_o
     with pytest.raises(SystemExit) as bad:
         main(["trace", str(path), "--window", "nope"])
     assert bad.value.code == 2
+
+
+def test_the_same_model_on_two_vendors_compares_op_by_op_as_tracelens(read, capsys):
+    """Qwen1.5 on an H100 (control) and an MI300X (test): no GEMM or attention kernel shares a
+    name across vendors, every op does. TraceLens's comparison: busy time −2.16 ms (−6.8 %), and
+    per GEMM shape the kernel-time difference."""
+    from perfkit.analyse.trace.op_diff import op_diff
+    from perfkit.cli import main
+
+    sides = []
+    for name in ("h100/qwen", "mi300/qwen"):
+        ev = read(name)
+        window, rows = main_window(ev)
+        timeline = gpu_timeline(ev)
+        sides.append((trace_ops(ev, rows=rows), timeline[(timeline["window"] == window) & (timeline["kernels"] == "all")].iloc[0]))
+    diff = op_diff(sides[0][0], sides[1][0], control_timeline=sides[0][1], test_timeline=sides[1][1])
+    reference = FIELD / "compare_test_e2e" / "reference" / "compare_h100_mi300_qwen_csvs"
+    theirs = {r["type"]: float(r["time ms__mi300_diff"]) / 1e3 for r in csv.DictReader(open(reference / "gpu_timeline.csv"))}
+    busy = diff.timeline.set_index("figure").loc["busy_time"]
+    assert busy["diff_s"] == pytest.approx(theirs["busy_time"], rel=0.005) and busy["relative_change"] == pytest.approx(-0.0677, abs=5e-4)
+    for row in csv.DictReader(open(reference / "GEMM_intersect_mi300.csv")):
+        dims = json.dumps(ast.literal_eval(row["h100::Input Dims_first"]))
+        mine = diff.shapes[(diff.shapes["op"] == row["name"]) & (diff.shapes["input_dims"] == dims)]
+        assert len(mine) == 1, (row["name"], dims)
+        assert mine["diff_time_s"].iloc[0] == pytest.approx(float(row["Kernel Time (µs)_sum__mi300_diff"]) * 1e-6, rel=0.01)
+    attention = diff.shapes[diff.shapes["category"] == "attention"].iloc[0]
+    assert attention["op"] == "aten::_scaled_dot_product_flash_attention" and attention["diff_time_s"] > 0
+    assert list(diff.only_test["op"]) == ["aten::fill_"] and diff.only_control.empty
+    assert main(["trace", "--diff", str(_path("h100/qwen")), str(_path("mi300/qwen")), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "ops compared by name, shapes and dtypes" in out and "−2.16 ms (-6.8 %)" in out
+    assert "aten::mm" in out.split("The ops that explain most")[1].splitlines()[2]

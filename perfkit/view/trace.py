@@ -257,18 +257,42 @@ def diff_to_json(diff, *, control: Path, test: Path, device: str, top: int) -> d
             "added_count": len(diff.added), "removed_count": len(diff.removed)}
 
 
+def _op_diff(a, b, link: str):
+    """The op-by-op comparison of two traces' main windows (None when either has no GPU work)."""
+    from ..analyse.trace.op_diff import op_diff
+    from ..analyse.trace.ops import trace_ops
+    from ..analyse.trace.timeline import gpu_timeline, main_window
+
+    sides = []
+    for ev in (a, b):
+        name, rows = main_window(ev, link)
+        if not len(rows):
+            return None
+        timeline = gpu_timeline(ev, link=link)
+        row = timeline[(timeline["window"] == name) & (timeline["kernels"] == "all")].iloc[0]
+        sides.append((trace_ops(ev, link=link, rows=rows, window=name), row))
+    return op_diff(sides[0][0], sides[1][0], control_timeline=sides[0][1], test_timeline=sides[1][1])
+
+
 def _run_diff(args, steps) -> int:
     from ..analyse.trace.diff import trace_diff
 
     control, test = (_diff_side(p) for p in args.paths)
-    a, b = _read([control, test], desc="reading traces", round_to_us=args.hta_rounding)
+    a, b = _read([control, test], desc="reading traces", round_to_us=args.hta_rounding, op_args=True)
     # Kernels when either side ran some; a CPU-only pair compares its CPU operators.
     device = "gpu" if any((ev.stream != -1).any() for ev in (a, b)) else "cpu"
     diff = trace_diff(a, b, control_steps=steps, test_steps=steps, device=device, n=args.top)
+    ops = _op_diff(a, b, args.link) if device == "gpu" else None
     if args.json:
-        print(json.dumps(diff_to_json(diff, control=control, test=test, device=device, top=args.top), indent=1))
+        doc = diff_to_json(diff, control=control, test=test, device=device, top=args.top)
+        if ops is not None:
+            doc["op_diff"] = {"control_device": ops.control_device, "test_device": ops.test_device,
+                              "timeline": _records(ops.timeline), "categories": _records(ops.categories),
+                              "shapes": _records(ops.shapes), "only_control": _records(ops.only_control),
+                              "only_test": _records(ops.only_test)}
+        print(json.dumps(doc, indent=1))
     else:
-        print(render_diff(diff, control=control, test=test, device=device, top=args.top))
+        print(render_diff(diff, control=control, test=test, device=device, top=args.top, ops=ops))
     return 0
 
 

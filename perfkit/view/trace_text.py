@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = ["VIEWER_HINT", "BREAKDOWN_HELP", "format_time", "data_wait_by_rank", "render_text", "render_diff",
-           "timeline_text", "op_tables_text", "percent"]
+           "timeline_text", "op_tables_text", "op_diff_text", "percent"]
 
 VIEWER_HINT = "open in Perfetto (ui.perfetto.dev) or chrome://tracing"
 
@@ -166,10 +166,46 @@ def _diff_text(frame: pd.DataFrame) -> str:
     return _table(shown) if len(shown) else "    none"
 
 
-def render_diff(diff, *, control: Path, test: Path, device: str, top: int) -> str:
+def _change(diff_s: float, relative: float) -> str:
+    sign = "+" if diff_s >= 0 else "−"
+    return f"{sign}{format_time(abs(diff_s))}" + (f" ({100 * relative:+.1f} %)" if relative == relative else "")
+
+
+def op_diff_text(ops, *, control: Path, test: Path, top: int) -> list[str]:
+    """Lines of the op-by-op comparison: the timelines, the categories, the shapes that moved most."""
+    t = format_time
+    lines = [f"== ops compared by name, shapes and dtypes: control {control} ({ops.control_device or 'device unknown'})"
+             f" → test {test} ({ops.test_device or 'device unknown'})", ""]
+    if len(ops.timeline):
+        shown = pd.DataFrame({"figure": ops.timeline["figure"], "control": ops.timeline["control_s"].map(t),
+                              "test": ops.timeline["test_s"].map(t),
+                              "test − control": [_change(d, r) for d, r in zip(ops.timeline["diff_s"],
+                                                                               ops.timeline["relative_change"])]})
+        lines += ["  GPU timeline of each side's window:", _table(shown), ""]
+    c = ops.categories
+    shown = pd.DataFrame({"category": c["category"], "control": c["control_time_s"].map(t), "test": c["test_time_s"].map(t),
+                          "test − control": [_change(d, r) for d, r in zip(c["diff_time_s"], c["relative_change"])]})
+    lines += ["  Time per category:", _table(shown), ""]
+    s = ops.shapes.head(top)
+    shown = pd.DataFrame({"op": _names(s["op"]), "shapes": s["input_dims"].map(lambda x: x[:44]),
+                          "calls": [f"{int(a)}/{int(b)}" for a, b in zip(s["control_count"], s["test_count"])],
+                          "control": s["control_time_s"].map(t), "test": s["test_time_s"].map(t),
+                          "test − control": [_change(d, r) for d, r in zip(s["diff_time_s"], s["relative_change"])],
+                          "TFLOP/s": [f"{a / 1e12:.3g} → {b / 1e12:.3g}" if a == a and a > 0 else ""
+                                      for a, b in zip(s["control_flop_per_s"], s["test_flop_per_s"])]})
+    lines += [f"  The ops that explain most of the difference ({len(ops.shapes)} matched shapes):", _table(shown), ""]
+    for label, frame in (("control only", ops.only_control), ("test only", ops.only_test)):
+        if len(frame):
+            lines.append(f"  Ops on the {label} side ({len(frame)}): " + ", ".join(
+                f"{r.op} {r.input_dims[:30]} ×{r.count} ({t(r.time_s)})" for r in frame.head(3).itertuples()))
+    return lines + [""]
+
+
+def render_diff(diff, *, control: Path, test: Path, device: str, top: int, ops=None) -> str:
     what = "GPU kernels" if device == "gpu" else "CPU operators"
-    lines = [f"== trace diff of {what}, time per ProfilerStep: control {control} ({diff.control_steps} steps) "
-             f"→ test {test} ({diff.test_steps} steps)", "",
+    lines = op_diff_text(ops, control=control, test=test, top=top) if ops is not None else []
+    lines += [f"== trace diff of {what} by name, time per ProfilerStep: control {control} ({diff.control_steps} "
+              f"steps) → test {test} ({diff.test_steps} steps)", "",
              "  Changed most (largest |test − control| per step):", _diff_text(diff.changed_most), "",
              f"  Added (only in test; {len(diff.added)} in all):", _diff_text(diff.added.head(top)), "",
              f"  Removed (only in control; {len(diff.removed)} in all):", _diff_text(diff.removed.head(top)), "",
