@@ -216,3 +216,24 @@ def test_the_same_model_on_two_vendors_compares_op_by_op_as_tracelens(read, caps
     out = capsys.readouterr().out
     assert "ops compared by name, shapes and dtypes" in out and "−2.16 ms (-6.8 %)" in out
     assert "aten::mm" in out.split("The ops that explain most")[1].splitlines()[2]
+
+
+def test_advise_from_a_trace_alone_names_the_exposed_rccl_time_of_the_resnet_step(capsys, tmp_path):
+    from perfkit.cli import main
+
+    resnet = str(_path("mi300/resnet-train"))
+    out_json = tmp_path / "advice.json"
+    assert main(["advise", resnet, "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "binding: exposed communication (62.1 % of the step" in text
+    assert "67.7 % when the recompute is not counted as computation" in text  # TraceLens's 67.8 % (flow-linked)
+    findings = json.loads(out_json.read_text())["findings"]
+    assert [f["rule"] for f in findings][:1] == ["trace_exposed_comm"]
+    assert {"trace_recompute", "trace_ops_below_roof"} <= {f["rule"] for f in findings}
+    comm = findings[0]["evidence"]
+    assert comm["exposed_comm_time_s"] / comm["total_time_s"] == pytest.approx(findings[0]["cost_share"])
+    # bert-small on an H100: 60 kernels of a few µs in a 3.9 ms step: launch-bound.
+    assert main(["advise", str(_path("h100/bert"))]) == 0
+    assert "binding: host- or launch-bound (92.1 % of the step" in capsys.readouterr().out
+    assert main(["advise", resnet, "--verify"]) == 2
+    assert "apply to a results folder" in capsys.readouterr().err

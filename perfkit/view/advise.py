@@ -23,6 +23,11 @@ numbers it read (its evidence), the rule and where its threshold comes from, how
 (low: a noisy row, or evidence near the threshold), and what to try. A configuration whose every
 row is noisy gets "rerun", never a constraint. Only ok rows are read.
 
+Given trace files instead (a profiler trace from anywhere, perfkit's or not), the rules a trace
+alone supports: exposed communication, an idle (host- or launch-bound) GPU, GEMM/attention/conv
+far below their roof, activation checkpointing's recompute, exposed memcpy; each with its
+evidence and source (perfkit.analyse.advice.trace).
+
 Exit codes: 0 advice given (or nothing found to advise), 2 bad input (not a results folder, no ok
 rows, an unknown rule).
 """
@@ -32,7 +37,9 @@ def add_advise_command(sub) -> None:
     """Register ``perfkit advise`` on the CLI's subparsers."""
     p = sub.add_parser("advise", help="what binds each configuration, the evidence, and what to try",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", metavar="DIR", nargs="?", help="a results folder (a sweep's or run's --out)")
+    p.add_argument("dir", metavar="DIR|TRACE", nargs="?",
+                   help="a results folder (a sweep's or run's --out), or a Kineto trace file (.json, .json.gz)")
+    p.add_argument("more_traces", metavar="TRACE", nargs="*", help="more trace files, advised each on its own")
     p.add_argument("--rule", action="append", default=[], metavar="NAME",
                    help="only this rule (repeatable; perfkit advise --rules lists them)")
     p.add_argument("--rules", action="store_true", help="list the rules, their thresholds and sources, and exit")
@@ -57,6 +64,14 @@ def _check_args(args) -> None:
         return
     if args.dir is None:
         raise BadInputError("give a results folder: perfkit advise DIR (or --rules to list the rules)")
+    if args.more_traces and not str(args.dir).endswith((".json", ".json.gz")):
+        raise BadInputError(f"perfkit advise takes one results folder, or trace files: got {args.dir} and more")
+    from .advise_trace import is_trace_path
+
+    if is_trace_path(args.dir):
+        if args.spec or args.verify or args.rule:
+            raise BadInputError("--spec, --verify and --rule apply to a results folder, not to trace files")
+        return
     if not Path(args.dir).is_dir():
         raise BadInputError(f"results directory {args.dir!r} does not exist (or is not a folder)")
     if args.executor != "local" and not args.verify:
@@ -76,6 +91,12 @@ def run_advise(args) -> int:
     rules = select_rules(args.rule)  # an unknown name: exit 2 before anything is read
     if args.rules:
         print(render_rules(rules))
+        return 0
+    from .advise_trace import advise_traces, is_trace_path, write_outputs
+
+    if is_trace_path(args.dir):
+        paths = [args.dir, *args.more_traces]
+        write_outputs(advise_traces(paths), paths, json_path=args.json, markdown_path=args.markdown)
         return 0
     from .compare import load_rows
 
