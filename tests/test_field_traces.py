@@ -237,3 +237,23 @@ def test_advise_from_a_trace_alone_names_the_exposed_rccl_time_of_the_resnet_ste
     assert "binding: host- or launch-bound (92.1 % of the step" in capsys.readouterr().out
     assert main(["advise", resnet, "--verify"]) == 2
     assert "apply to a results folder" in capsys.readouterr().err
+
+
+def test_the_trace_roofline_has_a_legend_per_family_and_the_device_roofs():
+    import holoviews as hv
+
+    from perfkit.view.trace import TraceSet, analyse_set
+    from perfkit.view.trace_report import ops_roofline_parts
+
+    result = analyse_set(TraceSet(label="qwen-mi300x", paths=(_path("mi300/qwen"),)))
+    table, plot = ops_roofline_parts([result])
+    assert "GEMM" in table and "attention" in table and "of roof" in table
+    fig = hv.render(plot, backend="bokeh")
+    legend = [item.label["value"] for item in fig.legend[0].items]
+    assert legend[0] == "HBM 5.3 TB/s" and {"GEMM", "attention", "elementwise"} <= set(legend)
+    glyphs = [r for r in fig.renderers if hasattr(r, "glyph")]
+    texts = [r.data_source.data.get("text", r.glyph.text) for r in glyphs if hasattr(r.glyph, "text")]
+    assert any("bf16 1307 TFLOP/s" in str(t) for t in texts), texts  # the roof each dtype used, labelled
+    points = [r.data_source.data for r in glyphs if "tflop_per_s" in r.data_source.data]
+    ys = np.concatenate([d["tflop_per_s"] for d in points])
+    assert fig.y_range.start <= ys.min() and ys.max() <= fig.y_range.end  # every point inside the frame

@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import BadInputError
-from .trace_text import BREAKDOWN_HELP, VIEWER_HINT, data_wait_by_rank, format_time, render_diff, render_text
+from .trace_text import (BREAKDOWN_HELP, VIEWER_HINT, data_wait_by_rank, format_time, render_diff, render_text,  # noqa: F401
+                         timeline_text)
 
 __all__ = ["add_trace_command", "run_trace", "TraceSet", "TraceResult", "find_trace_sets", "analyse_set",
            "frames", "to_json", "render_text", "diff_to_json", "render_diff", "TRACE_PATH_ENV", "notebook_trace_path",
-           "VIEWER_HINT", "HOW_TO_PROFILE", "BREAKDOWN_HELP", "format_time", "data_wait_by_rank"]
+           "VIEWER_HINT", "HOW_TO_PROFILE", "BREAKDOWN_HELP", "format_time", "data_wait_by_rank", "timeline_text"]
 
 HOW_TO_PROFILE = "perfkit run notebooks/train_step.ipynb --out runs/t -p profile True"
 

@@ -21,7 +21,7 @@ import pandas as pd
 from ..core.errors import BadInputError
 from .trace import VIEWER_HINT, TraceSet, analyse_set, frames
 
-__all__ = ["MAX_REPORT_SETS", "TracedRun", "traced_rows", "traced_runs", "traces_section"]
+__all__ = ["MAX_REPORT_SETS", "TracedRun", "traced_rows", "traced_runs", "traces_section", "ops_roofline_parts"]
 
 MAX_REPORT_SETS = 6
 """Runs whose traces the report reads for its plots (each read takes time and memory)."""
@@ -141,6 +141,31 @@ def _untraced(all_rows: pd.DataFrame) -> str:
     return f"<p>Profiled without a trace:</p><ul>{items}</ul>"
 
 
+def ops_roofline_parts(results, max_plots: int = 2) -> list:
+    """The roofline of each traced run's ops (its lowest rank; the first ``max_plots`` runs with
+    recorded shapes), the per-category table beside it."""
+    from ..core.specs import spec_peaks
+    from .plots.trace import ops_roofline
+    from .trace_text import format_time, percent
+
+    parts = []
+    for r in results:
+        for ops in r.ops[:1]:
+            if len(parts) >= 2 * max_plots or ops.shapes.empty:
+                continue
+            row = spec_peaks(ops.device) if ops.device else None
+            cats = ops.categories()
+            body = "".join(f"<tr><td>{html.escape(str(c.category))}</td><td>{c.ops}</td><td>{format_time(c.kernel_time_s)}"
+                           f"</td><td>{percent(c.time_share)}</td><td>{percent(c.roof_share)}</td></tr>"
+                           for c in cats.itertuples())
+            parts.append(f"<h3>{html.escape(r.trace.label)}: ops on the roofline (rank {ops.rank}, {ops.window})</h3>"
+                         '<table class="pk"><thead><tr><th>category</th><th>ops</th><th>kernel time</th>'
+                         f"<th>share</th><th>of roof</th></tr></thead><tbody>{body}</tbody></table>")
+            parts.append(ops_roofline(ops.shapes, ops.roof, row.flop_per_s if row else {},
+                                      title=f"{r.trace.label}: ops on the {ops.roof.get('model') or 'unknown device'} roofline"))
+    return parts
+
+
 def traces_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output: str | Path | None = None,
                    results_dir: str | Path | None = None, max_sets: int = MAX_REPORT_SETS):
     """The report's Traces section (a :class:`perfkit.view.report.Parts`): the summary of every
@@ -172,5 +197,6 @@ def traces_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output: str | 
         parts.append(temporal_plot(f["temporal"], title="Temporal breakdown per run and rank"))
         lowest = f["top_kernels"].groupby("trace")["rank"].transform("min") == f["top_kernels"]["rank"]
         parts.append(top_kernels_plot(f["top_kernels"][lowest]))
+        parts += ops_roofline_parts(read)
     parts.append(_links_table(runs, Path(output) if output is not None else None) + _untraced(all_rows))
     return Parts(tuple(parts))

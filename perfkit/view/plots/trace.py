@@ -11,7 +11,11 @@ import pandas as pd
 
 from ._common import LEGEND_BESIDE, hv_bokeh
 
-__all__ = ["temporal_plot", "top_kernels_plot", "short_name", "TEMPORAL_PARTS"]
+__all__ = ["temporal_plot", "top_kernels_plot", "short_name", "TEMPORAL_PARTS", "ops_roofline", "OP_COLORS"]
+
+#: One colour per op family (perfkit.analyse.trace.op_models.CATEGORIES).
+OP_COLORS = {"GEMM": "#1f77b4", "attention": "#d62728", "convolution": "#9467bd", "normalization": "#2ca02c",
+             "elementwise": "#ff7f0e", "reduction": "#8c564b"}
 
 #: The temporal breakdown's parts, in stacking order, with their colours (idle grey: nothing ran).
 TEMPORAL_PARTS = {"idle": "#b0b0b0", "compute": "#2ca02c", "non-compute": "#ff7f0e"}
@@ -99,3 +103,52 @@ def _unique(labels: list[str]) -> list[str]:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
     return out
+
+
+def ops_roofline(shapes: pd.DataFrame, roof: dict, peaks: dict | None = None, *, title: str = ""):
+    """Every unique op shape of a trace on its device's roofline: intensity (FLOP/byte) against
+    achieved FLOP/s, one colour per op family (legend), marker area by kernel time; the HBM roof
+    (I·B) and each dtype's compute roof drawn and labelled at their right end. ``shapes`` is
+    :attr:`perfkit.analyse.trace.ops.TraceOps.shapes`, ``roof`` its ``roof``, ``peaks`` the spec
+    row's dense peaks by dtype ({} when the device is unknown: points without roofs, said)."""
+    import numpy as np
+
+    hv = hv_bokeh()
+    pts = shapes[(shapes["flop"] > 0) & (shapes["flop_per_s"] > 0) & (shapes["intensity_flop_per_byte"] > 0)].copy()
+    if pts.empty:
+        return hv.Div("<p>No op with FLOP on this trace's roof (recorded without shapes? profile with "
+                      "record_shapes=True).</p>")
+    pts["tflop_per_s"] = pts["flop_per_s"] / 1e12
+    pts["time_ms"] = pts["kernel_time_s"] * 1e3
+    pts["roof_pct"] = 100 * pts["roof_share"]
+    pts["size"] = 6 + 18 * np.sqrt(pts["kernel_time_s"] / pts["kernel_time_s"].max())
+    pts["shapes"] = pts["input_dims"].str.slice(0, 60)
+    xlo, xhi = pts["intensity_flop_per_byte"].min() / 3, pts["intensity_flop_per_byte"].max() * 3
+    elements = []
+    bandwidth = roof.get("memory_bytes_per_s")
+    used = set(pts["dtype"].dropna())
+    peaks = {k: v for k, v in (peaks or {}).items() if k in used or k in ("fp32",)}
+    top = max([pts["tflop_per_s"].max(), *[v / 1e12 for v in peaks.values()]]) * 2
+    if bandwidth:
+        xs = np.geomspace(xlo, xhi, 50)
+        ceiling = max(peaks.values()) / 1e12 if peaks else top
+        elements.append(hv.Curve((xs, np.minimum(xs * bandwidth / 1e12, ceiling)), "intensity", "tflop_per_s",
+                                 label=f"HBM {bandwidth / 1e12:.3g} TB/s").opts(color="#444444", line_dash="dashed"))
+    for dtype, peak in sorted(peaks.items(), key=lambda kv: kv[1]):
+        elements.append(hv.HLine(peak / 1e12).opts(color="#888888", line_dash="dotted", line_width=1))
+        elements.append(hv.Text(xhi, peak / 1e12, f"{dtype} {peak / 1e12:.4g} TFLOP/s ", halign="right",
+                                valign="bottom").opts(text_font_size="8pt", text_color="#555555"))
+    for category, group in pts.groupby("category", sort=False):
+        elements.append(hv.Scatter(group, "intensity_flop_per_byte",
+                                   ["tflop_per_s", "op", "shapes", "dtype", "count", "time_ms", "roof_pct", "size"],
+                                   label=str(category)).opts(
+            color=OP_COLORS.get(category, "#7f7f7f"), size="size", alpha=0.75, tools=["hover"],
+            hover_tooltips=[("op", "@op"), ("shapes", "@shapes"), ("dtype", "@dtype"), ("calls", "@count"),
+                            ("kernel time", "@time_ms{0.000} ms"), ("achieved", "@tflop_per_s{0.00} TFLOP/s"),
+                            ("intensity", "@intensity_flop_per_byte{0.0} FLOP/B"), ("of roof", "@roof_pct{0.0} %")]))
+    device = roof.get("model") or roof.get("device") or "unknown device"
+    note = "" if roof.get("model") else f" — {roof.get('reason') or 'no roof'}"
+    return hv.Overlay(elements).opts(
+        logx=True, logy=True, xlim=(xlo, xhi), ylim=(pts["tflop_per_s"].min() / 3, top),
+        xlabel="arithmetic intensity (FLOP/byte)", ylabel="achieved (TFLOP/s)", width=820, height=460,
+        title=title or f"Ops of the trace on the {device} roofline{note}", show_grid=True, **LEGEND_BESIDE)
