@@ -56,9 +56,11 @@ def host_bound(ok: pd.DataFrame, rule: Rule) -> Iterable[Finding]:
             what = "give each launch more work: a larger batch (tb_plugin's advice for a low GPU utilization)"
         else:
             experiment, what = None, "give each launch more work (a larger batch) or fuse the step (torch.compile)"
+        # Robust: the idle share is read off the trace's timeline, not a timed median, and a noisy
+        # host only adds idle time (issue 55: the H200 hf:llama step, 57 % idle, got "rerun" alone).
         yield Finding(
             rule=rule.name, constraint=rule.constraint, point=labels[i], config_ids=(row["config_id"],),
-            cost_share=idle, confidence=confidence_of(rule, idle, row), source=rule.source,
+            cost_share=idle, confidence=confidence_of(rule, idle, row), source=rule.source, robust=True,
             evidence={"host_idle_share": idle, "trace_idle_share": float(row["trace_idle_share"]),
                       "trace_data_wait_share": data, "trace_short_kernel_share": short,
                       "trace_top_kernel": row.get("trace_top_kernel"),
