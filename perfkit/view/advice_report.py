@@ -37,10 +37,10 @@ def verdicts(results_dir: str | Path | None) -> dict[tuple[str, str], dict]:
     return out
 
 
-def advice_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output=None, results_dir=None):
+def advice_section(rows: pd.DataFrame, all_rows: pd.DataFrame, *, output=None, results_dir=None, findings=None):
     from .report import Parts, _CSS
 
-    findings = advise(rows, all_rules())
+    findings = advise(rows, all_rules()) if findings is None else findings
     tested = verdicts(results_dir)
     binding = {}
     for f in findings:

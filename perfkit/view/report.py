@@ -20,11 +20,12 @@ import pandas as pd
 
 from . import plots
 from .plots._common import whole
+from .report_summary import anchor, configurations_html, summary_html
 from ..core.results import load
 
 __all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report",
            "REPORT_DIR_ENV", "notebook_results_dir", "comparison_base", "COMPARE_DIR_ENV",
-           "notebook_compare_dir", "Parts", "comparison_section"]
+           "notebook_compare_dir", "Parts"]
 
 #: Fingerprint facts whose mix within one plot makes comparisons suspect.
 _COMPARABILITY_KEYS = ("env_torch", "env_device_name", "env_driver", "env_torch_cuda", "env_torch_hip",
@@ -43,6 +44,8 @@ class Section:
     links: bool = False
     """``build`` also takes ``output=`` (the report file; None in a notebook) and ``results_dir=``,
     to link files beside the rows (traces)."""
+    findings: bool = False
+    """``build`` also takes ``findings=``: the advice, computed once for the page."""
 
 
 def _workload(name: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
@@ -152,60 +155,6 @@ class Parts:
             display(HTML(item) if isinstance(item, str) else item)
 
 
-def _comparison(rows: pd.DataFrame, all_rows: pd.DataFrame) -> Parts:
-    """Every other variant against the base (:func:`comparison_base`): summary, plot, details."""
-    from ..analyse.compare import compare_by
-    from ..core.errors import BadInputError
-
-    base = comparison_base(rows)
-    try:
-        comparison = compare_by(rows, by="variant", base=base)
-    except BadInputError as exc:  # the rest of the report still stands
-        return Parts((f"<p>No comparison of the variants against {html.escape(base)}: "
-                      f"{html.escape(str(exc))}</p>",))
-    return comparison_section(comparison, base_rule=True)
-
-
-def comparison_section(comparison, *, base_rule: bool = False) -> Parts:
-    """A :class:`perfkit.analyse.compare.Comparison` as the report shows it: what was compared and
-    the verdict counts, environment changes and notes, the plot, then every point in words and
-    the points on one side only or not ok. ``base_rule``: say how the base was chosen."""
-    from .plots.compare import comparison_plot, comparison_table
-
-    table = comparison_table(comparison.points)
-    details = f"<h3>Per point</h3>{_table_html(table)}" if not table.empty else ""
-    return Parts((_comparison_summary(comparison, base_rule),
-                  comparison_plot(comparison.points, threshold=comparison.threshold),
-                  details + _one_side_and_not_ok(comparison)))
-
-
-def _comparison_summary(comparison, base_rule: bool) -> str:
-    rule = " (the variant of the earliest-recorded row of round 1)" if base_rule else ""
-    metrics = ", ".join(sorted(map(str, comparison.points["metric"].dropna().unique()))) or "none"
-    metric = comparison.metric or f"{metrics} (each workload's default: step time; inference TTFT, TPOT, e2e)"
-    against = ", ".join(comparison.new_labels)
-    parts = [f"{_CSS}<p>Base <b>{html.escape(comparison.base_label)}</b>{rule} against "
-             f"{html.escape(against)}; metric {html.escape(metric)}; threshold ±{comparison.threshold * 100:g} %, "
-             f"significance {comparison.alpha:g} after {html.escape(comparison.correction.capitalize())} "
-             f"correction over {len(comparison.points)} points.</p>",
-             f"<p>Verdicts: {html.escape(comparison.summary)}.</p>"]
-    if not comparison.env_changes.empty:
-        parts.append('<p class="warn">⚠ The environment differs between the sides:</p>'
-                     + _table_html(comparison.env_changes))
-    if comparison.notes:
-        parts.append("<ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in comparison.notes) + "</ul>")
-    return "".join(parts)
-
-
-def _one_side_and_not_ok(comparison) -> str:
-    out = _CSS
-    if not comparison.one_side.empty:
-        out += f"<h3>Points on one side only</h3>{_table_html(comparison.one_side)}"
-    if not comparison.not_ok.empty:
-        out += f"<h3>Points not ok on a side (not compared)</h3>{_table_html(comparison.not_ok)}"
-    return out
-
-
 def _lazy(module: str, function: str) -> Callable:
     """``perfkit.view.<module>.<function>``, imported when its section is drawn (the holoviews
     work of a section is paid only by reports that have its rows)."""
@@ -219,8 +168,8 @@ def _lazy(module: str, function: str) -> Callable:
 
 SECTIONS: list[Section] = [
     Section(title="Advice: what binds each configuration", select=_lazy("advice_report", "advised_rows"),
-            build=_lazy("advice_report", "advice_section"), links=True),
-    Section(title="Comparison", select=_variant_rows, build=_comparison),
+            build=_lazy("advice_report", "advice_section"), links=True, findings=True),
+    Section(title="Comparison", select=_variant_rows, build=_lazy("compare_report", "comparison_of_variants")),
     Section(title="Roofline", select=_workload("roofline"), build=_lazy("plots.roofline", "roofline_section")),
     Section(title="GEMM throughput", select=_workload("gemm"), build=_gemm),
     Section(title="Training step: throughput, MFU, memory", select=_workload("train_step"),
@@ -250,7 +199,7 @@ def _cell(value) -> str:
 
 
 def sections(df: pd.DataFrame, *, output: str | Path | None = None,
-             results_dir: str | Path | None = None) -> list[tuple[str, object]]:
+             results_dir: str | Path | None = None, findings: list | None = None) -> list[tuple[str, object]]:
     """(title, holoviews object or :class:`Parts`) for every section whose rows ``df`` holds, in
     report order; links to files are relative to ``output`` (the report file) when given.
 
@@ -260,6 +209,8 @@ def sections(df: pd.DataFrame, *, output: str | Path | None = None,
         rows = section.select(df)
         if not rows.empty:
             where = {"output": output, "results_dir": results_dir} if section.links else {}
+            if section.findings and findings is not None:
+                where["findings"] = findings
             out.append((section.title, section.build(rows, df, **where)))
     return out
 
@@ -288,9 +239,10 @@ def _table_html(frame: pd.DataFrame, max_rows: int = 500) -> str:
 def _failures(df: pd.DataFrame) -> str:
     table = failures_table(df)
     if table.empty:
-        return "<h2>Failures</h2><p>Every configuration ended ok.</p>"
+        return '<h2 id="failures">Failures</h2><p>Every configuration ended ok.</p>'
     counts = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in table["status"].value_counts().items())
-    return f"<h2>Failed, oom, timeout, killed and skipped configurations</h2><p>{counts}</p>{_table_html(table)}"
+    return (f'<h2 id="failures">Failed, oom, timeout, killed and skipped configurations</h2><p>{counts}</p>'
+            f"{_table_html(table)}")
 
 
 def _environment(df: pd.DataFrame) -> str:
@@ -310,7 +262,7 @@ def _environment(df: pd.DataFrame) -> str:
         facts.pop("env_vars", None)
         pretty = ", ".join(f"{k}={v}" for k, v in facts.items() if v not in (None, ""))
         items.append(f"<li><code>{html.escape(str(row.env_fingerprint_id))}</code>: {html.escape(pretty)}</li>")
-    return f"<h2>Environment fingerprints</h2>{warn}<ul>{''.join(items)}</ul>"
+    return f'<h2 id="environment-fingerprints">Environment fingerprints</h2>{warn}<ul>{"".join(items)}</ul>'
 
 
 def _device_busy(results_dir) -> str:
@@ -330,6 +282,21 @@ table.pk td,table.pk th{border:1px solid #ccc;padding:2px 6px;text-align:left}
 </style>"""
 
 
+def _page_findings(df: pd.DataFrame) -> list:
+    """The advice on the folder's ok rows, once for the page (none where there is nothing to advise)."""
+    from ..analyse.advice import advise
+    from ..analyse.advice.rules import all_rules
+    from ..core.errors import BadInputError
+
+    rows = df[df["status"] == "ok"] if "status" in df and "config_id" in df else df.iloc[0:0]
+    if rows.empty:
+        return []
+    try:
+        return advise(rows, all_rules())
+    except BadInputError:
+        return []
+
+
 def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str | Path | None = None,
                  results_dir: str | Path | None = None):
     """A bokeh layout of the report for ``df`` (rows as :func:`perfkit.core.results.load` gives);
@@ -343,17 +310,22 @@ def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str
     summary = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in counts.items()) or "no rows"
     n_configs = df["config_id"].nunique() if "config_id" in df else 0
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    findings = _page_findings(df)
+    built = sections(df, output=output, results_dir=results_dir, findings=findings)
+    first = summary_html(df, findings, [t for t, _ in built])
     parts = [Div(text=f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, "
-                      f"{len(df)} rows ({summary}); generated {stamp}.</p>", sizing_mode="stretch_width")]
+                      f"{len(df)} rows ({summary}); generated {stamp}.</p>{first}", sizing_mode="stretch_width")]
     shown = []
-    for title, obj in sections(df, output=output, results_dir=results_dir):
+    for title, obj in built:
         shown.append(title)
-        parts.append(Div(text=f"<h2>{html.escape(title)}</h2>"))
+        parts.append(Div(text=f'<h2 id="{anchor(title)}">{html.escape(title)}</h2>'))
         for item in _items(obj, hv):
             if isinstance(item, hv.Div):  # a panel model: a standalone page lacks panel's JavaScript
                 item = item.data
             parts.append(Div(text=item, sizing_mode="stretch_width") if isinstance(item, str)
                          else hv.render(item, backend="bokeh"))
+    parts.append(Div(text=f'<h2 id="{anchor("Configurations")}">Configurations</h2>'
+                          + configurations_html(df, results_dir=results_dir, output=output), sizing_mode="stretch_width"))
     parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
     parts.append(Div(text=_environment(df) + _device_busy(results_dir), sizing_mode="stretch_width"))
     layout = column(*parts)
