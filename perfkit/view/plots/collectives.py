@@ -172,15 +172,15 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
                 links[float(value)] = getattr(f, "spec_link_source", None)
     scale, prefix = display_scale(data["busbw_bytes_per_s"].tolist() + list(links))
     unit = f"{prefix}B/s"
-    hover = [("configuration", "@config"), ("op", "@op"), ("size", "@size"), ("time", "@time"),
-             ("median time", "@median_time"),
-             ("busbw", f"@busbw{{0.000}} {unit}"), ("algbw", f"@algbw{{0.000}} {unit}"),
-             ("wrong elements", "@wrong_elements"), ("knobs", "@knobs"), ("knob check", "@knob_check"),
-             ("noisy", "@noisy"), ("α", "@alpha"), ("β", "@beta"), ("α-β fit", "@verdict")]
+    hover = [("configuration", "@{config}"), ("op", "@{op}"), ("size", "@{size}"), ("time", "@{time}"),
+             ("median time", "@{median_time}"),
+             ("busbw", f"@{{busbw}}{{0.000}} {unit}"), ("algbw", f"@{{algbw}}{{0.000}} {unit}"),
+             ("wrong elements", "@{wrong_elements}"), ("knobs", "@{knobs}"), ("knob check", "@{knob_check}"),
+             ("noisy", "@{noisy}"), ("α", "@{alpha}"), ("β", "@{beta}"), ("α-β fit", "@{verdict}")]
     vdims = ["busbw", "config", "op", "size", "time", "median_time", "algbw", "wrong_elements", "knobs",
              "knob_check", "noisy", "alpha", "beta", "verdict"]
-    model_hover = [("configuration", "@config"), ("α", "@alpha"), ("β", "@beta"), ("S½ = α·β", "@s_half"),
-                   ("α-β fit", "@verdict"), ("size", "@size"), ("model busbw", f"@busbw{{0.000}} {unit}")]
+    model_hover = [("configuration", "@{config}"), ("α", "@{alpha}"), ("β", "@{beta}"), ("S½ = α·β", "@{s_half}"),
+                   ("α-β fit", "@{verdict}"), ("size", "@{size}"), ("model busbw", f"@{{busbw}}{{0.000}} {unit}")]
     model_vdims = ["busbw", "config", "alpha", "beta", "s_half", "verdict", "size"]
     no_fit = {"alpha": "no fit", "beta": "no fit", "s_half": "unknown", "verdict": "no fit"}
     label = _labeller(data)
@@ -295,9 +295,9 @@ def knob_comparison(rows: pd.DataFrame):
                 "knob_check": str(getattr(row, "knob_check", "unknown")),
             })
     frame = pd.DataFrame(bars)
-    hover = [("configuration", "@configuration"), ("knobs", "@setting"),
-             ("peak busbw", f"@busbw{{0.000}} {unit}"), ("at size", "@at_size"), ("vs", "@vs_ref"),
-             ("noisy", "@noisy"), ("wrong elements", "@wrong_elements"), ("knob check", "@knob_check")]
+    hover = [("configuration", "@{configuration}"), ("knobs", "@{setting}"),
+             ("peak busbw", f"@{{busbw}}{{0.000}} {unit}"), ("at size", "@{at_size}"), ("vs", "@{vs_ref}"),
+             ("noisy", "@{noisy}"), ("wrong elements", "@{wrong_elements}"), ("knob check", "@{knob_check}")]
     vdims = ["busbw", "at_size", "vs_ref", "noisy", "wrong_elements", "knob_check"]
     settings = frame["setting"].nunique()
     return hv.Bars(frame, ["configuration", "setting"], vdims).opts(

@@ -134,9 +134,9 @@ def comparison_plot(points: pd.DataFrame, *, threshold: float = 0.05):
     low = min([band[0], *values.tolist()]) / 1.15
     high = max([band[1], *values.tolist()]) * 1.15
     metric = ", ".join(sorted(map(str, data["metric"].dropna().unique()))) if "metric" in data else ""
-    hover = [("point", "@label"), ("verdict", "@verdict"), ("change", "@change"),
-             ("ratio new/base", "@ratio{0.0000}"), ("95 % CI of ratio", "@ci_text"),
-             ("p after Holm", "@p_text"), ("samples", "@n_text"), ("why", "@why")]
+    hover = [("point", "@{label}"), ("verdict", "@{verdict}"), ("change", "@{change}"),
+             ("ratio new/base", "@{ratio}{0.0000}"), ("95 % CI of ratio", "@{ci_text}"),
+             ("p after Holm", "@{p_text}"), ("samples", "@{n_text}"), ("why", "@{why}")]
     vdims = ["y", "label", "verdict", "change", "ratio", "ci_text", "p_text", "n_text", "why"]
     if "why" not in drawn:
         drawn = drawn.assign(why="")

@@ -67,8 +67,8 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", 
     rows["data_wait_pct"] = 100 * rows["data_wait_share"].astype(float)
     rows["bound"] = rows["bound"].astype(str)
     vdims = ["series", "bound", "data_wait_pct", "noisy"]
-    hover = [("series", "@series"), ("workers", "@num_workers"), ("throughput", f"@{metric}{{0.0}} samples/s"),
-             ("median data wait", "@data_wait_pct{0.0} % of the step"), ("bound", "@bound"), ("noisy", "@noisy")]
+    hover = [("series", "@{series}"), ("workers", "@{num_workers}"), ("throughput", f"@{{metric}}{{0.0}} samples/s"),
+             ("median data wait", "@{data_wait_pct}{0.0} % of the step"), ("bound", "@{bound}"), ("noisy", "@{noisy}")]
     elements = []
     for series, group in rows.groupby("series", sort=True):
         data = group.sort_values("num_workers")[["num_workers", metric, *vdims]]
@@ -110,8 +110,8 @@ def step_breakdown(df: pd.DataFrame):
                             "share_pct": 100 * part[col] / part["mean_step_time_s"],
                             "bound": str(row.get("bound"))})
     data = pd.DataFrame(records)
-    hover = [("configuration", "@configuration"), ("part", "@part"), ("mean per step", "@time_ms{0.00} ms"),
-             ("share", "@share_pct{0.0} %"), ("bound", "@bound")]
+    hover = [("configuration", "@{configuration}"), ("part", "@{part}"), ("mean per step", "@{time_ms}{0.00} ms"),
+             ("share", "@{share_pct}{0.0} %"), ("bound", "@{bound}")]
     return hv.Bars(data, ["configuration", "part"], ["time_ms", "share_pct", "bound"]).opts(
         stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["part"].unique()),
         height=400, xrotation=30,
@@ -140,7 +140,7 @@ def stall_bars(df: pd.DataFrame):
             records.append({"configuration": _label(row), "part": name, "time_ms": max(value, 0.0) * 1e3,
                             "signed_ms": value * 1e3})
     data = pd.DataFrame(records)
-    hover = [("configuration", "@configuration"), ("part", "@part"), ("per step", "@signed_ms{0.00} ms")]
+    hover = [("configuration", "@{configuration}"), ("part", "@{part}"), ("per step", "@{signed_ms}{0.00} ms")]
     return hv.Bars(data, ["configuration", "part"], ["time_ms", "signed_ms"]).opts(
         stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["part"].unique()),
         height=400, xrotation=30,

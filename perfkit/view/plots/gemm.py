@@ -22,9 +22,9 @@ def gemm_throughput(df: pd.DataFrame, ceilings: pd.DataFrame | None = None):
         peaks = ceilings[(ceilings["kind"] == "compute") & ceilings["dtype"].isin(dtypes)]["value"].tolist()
     scale, prefix = display_scale(rows["flop_per_s"].tolist() + peaks)
     unit = f"{prefix}FLOP/s"
-    hover = [("dtype", "@dtype"), ("size", "@size"), ("achieved", f"@achieved{{0.000}} {unit}"),
-             ("median time", "@time_s{0.000000} s"), ("IQR", "@time_iqr_s{0.000000} s"),
-             ("noisy", "@noisy")]
+    hover = [("dtype", "@{dtype}"), ("size", "@{size}"), ("achieved", f"@{{achieved}}{{0.000}} {unit}"),
+             ("median time", "@{time_s}{0.000000} s"), ("IQR", "@{time_iqr_s}{0.000000} s"),
+             ("noisy", "@{noisy}")]
     vdims = ["achieved", "dtype", "time_s", "time_iqr_s", "noisy"]
     curves = []
     for dtype, group in rows.sort_values("size").groupby("dtype", sort=True):

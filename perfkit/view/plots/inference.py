@@ -80,8 +80,8 @@ def latency_plot(df: pd.DataFrame, metric: str = "ttft", x: str = "prompt_len"):
     rows = rows.assign(series=_labels(rows, (x,)), upper=upper / scale, zero=0.0, noisy=noisy,
                        **{metric: rows[y] / scale})
     name = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e_latency": "end-to-end latency"}[metric]
-    hover = [("series", "@series"), (x, f"@{x}"), (name, f"@{metric}{{0.000}} {prefix}s"),
-             ("noisy", "@noisy")]
+    hover = [("series", "@{series}"), (x, f"@{{x}}"), (name, f"@{{metric}}{{0.000}} {prefix}s"),
+             ("noisy", "@{noisy}")]
     parts = []
     for series, g in rows.groupby("series", sort=True):
         data = g[[x, metric, "series", "noisy", "zero", "upper"]]
@@ -119,8 +119,8 @@ def throughput_vs_latency(df: pd.DataFrame):
     scale, prefix = display_scale(rows["tpot_s"].tolist(), below_one=True)
     # Its own x name: an x axis named like the TPOT plot's y axis would share its range.
     rows = rows.assign(series=_labels(rows, ("batch_size",)), latency=rows["tpot_s"] / scale)
-    hover = [("series", "@series"), ("batch", "@batch_size"), ("TPOT", f"@latency{{0.000}} {prefix}s"),
-             ("output", "@output_tokens_per_s{0.0} tokens/s")]
+    hover = [("series", "@{series}"), ("batch", "@{batch_size}"), ("TPOT", f"@{{latency}}{{0.000}} {prefix}s"),
+             ("output", "@{output_tokens_per_s}{0.0} tokens/s")]
     parts = []
     for series, g in rows.groupby("series", sort=True):
         data = g[["latency", "output_tokens_per_s", "batch_size", "series"]]

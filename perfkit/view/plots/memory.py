@@ -61,11 +61,11 @@ def memory_at_peak(df: pd.DataFrame):
     plot = hv.Bars(long, ["series", "part"], "size").opts(
         stacked=True, tools=["hover"], width=width_with_legend([*CATEGORIES.values(), "predicted"]), height=380,
         xrotation=30, ylabel=f"held at the step's peak, per rank ({prefix}B)", xlabel="", **LEGEND_BESIDE,
-        hover_tooltips=[("series", "@series"), ("part", "@part"), ("held", f"@size{{0.00}} {prefix}B")])
+        hover_tooltips=[("series", "@{series}"), ("part", "@{part}"), ("held", f"@{{size}}{{0.00}} {prefix}B")])
     if predicted in one:
         one["predicted"] = one[predicted] / scale
         plot = plot * hv.Scatter(one[["series", "predicted"]].dropna(), "series", "predicted", label="predicted").opts(
             marker="dash", size=30, color="black", line_width=3, tools=["hover"],
-            hover_tooltips=[("series", "@series"), ("predicted (fake tensors)", f"@predicted{{0.00}} {prefix}B")])
+            hover_tooltips=[("series", "@{series}"), ("predicted (fake tensors)", f"@{{predicted}}{{0.00}} {prefix}B")])
     return plot.opts(title="Memory at the step's peak (bars: tracked on the real step; dash: predicted on fake "
                            "tensors)", show_grid=True, **LEGEND_BESIDE)

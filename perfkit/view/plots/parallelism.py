@@ -58,11 +58,11 @@ def model_state_per_rank(df: pd.DataFrame):
         stacked=True, tools=["hover"], width=width_with_legend([*_PARTS.values(), "predicted"]), height=380,
         xrotation=30,
         ylabel=f"model state per rank ({prefix}B)", xlabel="", **LEGEND_BESIDE,
-        hover_tooltips=[("series", "@series"), ("part", "@part"), ("held", f"@size{{0.00}} {prefix}B")])
+        hover_tooltips=[("series", "@{series}"), ("part", "@{part}"), ("held", f"@{{size}}{{0.00}} {prefix}B")])
     one["predicted"] = one["model_state_bytes_predicted"] / scale
     marks = hv.Scatter(one[["series", "predicted"]], "series", "predicted", label="predicted").opts(
         marker="dash", size=30, color="black", line_width=3, tools=["hover"],
-        hover_tooltips=[("series", "@series"), ("predicted", f"@predicted{{0.00}} {prefix}B")])
+        hover_tooltips=[("series", "@{series}"), ("predicted", f"@{{predicted}}{{0.00}} {prefix}B")])
     return (bars * marks).opts(title="Model state per rank (bars: held after the last step; "
                                      "dash: memory model)", show_grid=True, **LEGEND_BESIDE)
 

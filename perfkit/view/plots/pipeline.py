@@ -41,11 +41,11 @@ def bubble_vs_microbatches(df: pd.DataFrame):
                          schedule_pct=100 * table["bubble_schedule_fraction"].astype(float),
                          overhead_pct=100 * table["bubble_overhead_fraction"].astype(float),
                          reason=table["bubble_fraction_reason"].fillna("").astype(str))
-    hover = [("schedule", "@series"), ("microbatches", "@n_microbatches"),
-             ("measured bubble", "@bubble_pct{0.0} %"), ("predicted", "@predicted_pct{0.0} %"),
-             ("of it, the schedule's", "@schedule_pct{0.0} %"),
-             ("of it, overhead (send/recv, per microbatch)", "@overhead_pct{0.0} %"),
-             ("median step", "@step_time_s{0.0000} s"), ("note", "@reason")]
+    hover = [("schedule", "@{series}"), ("microbatches", "@{n_microbatches}"),
+             ("measured bubble", "@{bubble_pct}{0.0} %"), ("predicted", "@{predicted_pct}{0.0} %"),
+             ("of it, the schedule's", "@{schedule_pct}{0.0} %"),
+             ("of it, overhead (send/recv, per microbatch)", "@{overhead_pct}{0.0} %"),
+             ("median step", "@{step_time_s}{0.0000} s"), ("note", "@{reason}")]
     vdims = ["series", "predicted_pct", "schedule_pct", "overhead_pct", "reason", "step_time_s"]
     elements = []
     for series, group in table.groupby("series", sort=True):

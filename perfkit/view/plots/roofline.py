@@ -34,7 +34,7 @@ _MEMORY_COLORS = ("#08519c", "#3182bd", "#6baed6", "#9ecae1", "#31a354")
 _PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 _TORCH_TO_PRECISION = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16",
                        "float16": "fp16"}
-_VDIMS = ["op", "family", "shapes", "dtype", "calls", "time_s", "time_share", "attainable",
+_VDIMS = ["op", "family", "shapes", "dtype", "calls", "time_s", "time_text", "time_share", "attainable",
           "percent_of_roof", "bound", "marker_size", "config"]
 
 
@@ -129,8 +129,32 @@ def _trajectories(hv, frame: pd.DataFrame, trajectory_by: str, scale: float) -> 
         paths.append(hv.Path([pd.DataFrame(vertices)], kdims=["x", "y"],
                              vdims=["op", "family", "config"], group="Trajectory").opts(
             color=color, line_width=2, alpha=0.6, tools=["hover"],
-            hover_tooltips=[("op", "@op"), ("family", "@family"), ("trajectory", "@config")]))
+            hover_tooltips=[("op", "@{op}"), ("family", "@{family}"), ("trajectory", "@{config}")]))
     return paths
+
+
+#: Two roof labels closer than this factor on the log axis would print over each other.
+_LABEL_GAP = 1.6
+
+
+def _roof_labels(hv, labels: list[tuple[float, str]], x: float, scale: float) -> list:
+    """One label per compute roof at the right end, never over another (issue 55: "fp32 spec 67"
+    over "fp32 measured 53.9"): roofs of one value share a label; of two close roofs the lower
+    one's label goes under its line and the upper one's above; a third close one is named by the
+    legend alone."""
+    merged: dict[float, list[str]] = {}
+    for value, text in sorted(labels):
+        merged.setdefault(value, []).append(text.strip())
+    placed: list[list] = []  # [value, text, valign]
+    for value, texts in sorted(merged.items()):
+        text = " · ".join(dict.fromkeys(texts)) + " "
+        if placed and value < placed[-1][0] * _LABEL_GAP:
+            if placed[-1][2] == "top" or (len(placed) > 1 and placed[-1][0] < placed[-2][0] * _LABEL_GAP):
+                continue  # crowded: the legend names it
+            placed[-1][2] = "top"
+        placed.append([value, text, "bottom"])
+    return [hv.Text(x, value / scale, text, halign="right", valign=valign, fontsize=8)
+            for value, text, valign in placed]
 
 
 def _ceiling_lines(hv, roofs: pd.DataFrame, dtypes: set[str], xlim, ylim, scale: float) -> list:
@@ -147,18 +171,18 @@ def _ceiling_lines(hv, roofs: pd.DataFrame, dtypes: set[str], xlim, ylim, scale:
         curve = hv.Curve(data, "x", ["y", "ceiling", "roof"], group="Ceiling",
                          label=f"{name} {origin} {roof}").opts(
             color=color, line_dash=_ORIGIN_DASH.get(origin, "dashdot"), line_width=1.8,
-            tools=["hover"], hover_tooltips=[("ceiling", "@ceiling"), ("roof", "@roof")])
+            tools=["hover"], hover_tooltips=[("ceiling", "@{ceiling}"), ("roof", "@{roof}")])
         elements.append(curve)
 
+    labels = []
     for row in compute.itertuples():
         same = memory[memory["origin"] == row.origin]
         # The horizontal roof starts at the ridge of its fastest memory roof (the roof's corner).
         start = max(xlo, row.value / same["value"].max()) if not same.empty else xlo
         line([(start, row.value / scale), (xhi, row.value / scale)], row.name, row.origin,
              row.value, "FLOP/s", "#444444")
-        elements.append(hv.Text(xhi, row.value / scale,
-                                f"{row.name} {row.origin} {format_si(row.value, 'FLOP/s')} ",
-                                halign="right", valign="bottom", fontsize=8))
+        labels.append((row.value, f"{row.name} {row.origin} {format_si(row.value, 'FLOP/s')} "))
+    elements += _roof_labels(hv, labels, xhi, scale)
     for i, row in enumerate(memory.itertuples()):
         same = compute[compute["origin"] == row.origin]
         clip = same["value"].max() if not same.empty else compute["value"].max()
@@ -173,21 +197,22 @@ def _ceiling_lines(hv, roofs: pd.DataFrame, dtypes: set[str], xlim, ylim, scale:
 
 
 def _points(hv, frame: pd.DataFrame, scale: float, unit: str, trajectory_by: str | None) -> list:
-    hover = [("op", "@op"), ("family", "@family"), ("shapes", "@shapes"), ("dtype", "@dtype"),
-             ("calls", "@calls"), ("time", "@time_s{0.000e} s"),
-             ("time share", "@time_share{0.0%}"),
-             ("intensity", "@intensity_flop_per_byte{0.000} FLOP/B"),
-             ("achieved", f"@achieved{{0.000}} {unit}"),
-             ("attainable", f"@attainable{{0.000}} {unit}"),
-             ("% of roof", "@percent_of_roof{0.0} %"), ("bound", "@bound")]
+    hover = [("op", "@{op}"), ("family", "@{family}"), ("shapes", "@{shapes}"), ("dtype", "@{dtype}"),
+             ("calls", "@{calls}"), ("time", "@{time_text}"),
+             ("time share", "@{time_share}{0.0%}"),
+             ("intensity", "@{intensity_flop_per_byte}{0.000} FLOP/B"),
+             ("achieved", f"@{{achieved}}{{0.000}} {unit}"),
+             ("attainable", f"@{{attainable}}{{0.000}} {unit}"),
+             ("% of roof", "@{percent_of_roof}{0.0} %"), ("bound", "@{bound}")]
     if trajectory_by is not None:
-        hover.append((trajectory_by, "@config"))
+        hover.append((trajectory_by, "@{config}"))
     elements = []
     for family, group in frame.groupby("family", sort=False):
         data = group.assign(
             achieved=group["flop_per_s"].astype(float) / scale,
             attainable=pd.to_numeric(group["attainable_flop_per_s"], errors="coerce") / scale,
             config=group[trajectory_by].astype(str) if trajectory_by else "",
+            time_text=group["time_s"].map(_time_text),
             bound=group["bound"].fillna("no roof").astype(str))
         data = data[["intensity_flop_per_byte", "achieved", *_VDIMS]]
         is_step = family == "step"
@@ -200,6 +225,20 @@ def _points(hv, frame: pd.DataFrame, scale: float, unit: str, trajectory_by: str
             fill_alpha=0.7, line_color="black", line_width=0.5, tools=["hover"],
             hover_tooltips=hover))
     return elements
+
+
+def _time_text(seconds) -> str:
+    """0.0000123 → '12.3 µs' (the tooltip's time; a fixed format showed '0.0000 s')."""
+    try:
+        seconds = float(seconds)
+    except (TypeError, ValueError):
+        return "n/a"
+    if seconds != seconds:
+        return "n/a"
+    for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= factor:
+            return f"{seconds / factor:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
 
 
 def _frames(df: pd.DataFrame, trajectory_by: str | None) -> dict[str, pd.DataFrame]:
@@ -243,7 +282,8 @@ def _overlays(points, ceilings, trajectory_by, widget_dim, title) -> tuple[dict,
         out[key] = hv.Overlay(parts).opts(
             hv.opts.Overlay(title=heading, xlabel="arithmetic intensity (FLOP/byte)",
                             ylabel=f"achieved {unit}", logx=True, logy=True, xlim=xlim,
-                            ylim=ylim, width=780, height=480, show_grid=True, **LEGEND_BESIDE))
+                            ylim=ylim, width=1000, height=500, show_grid=True, legend_limit=200,
+                            **LEGEND_BESIDE))
     return out, dim
 
 

@@ -58,9 +58,9 @@ def efficiency_vs_world_size(df: pd.DataFrame, *, baselines: Sequence[str] = ("n
     on one rank, which leaves the wrapper's own cost out)."""
     hv = hv_bokeh()
     rows = _wrapped(df)
-    hover = [("series", "@series"), ("world size", "@world_size"), ("efficiency", "@efficiency{0.000}"),
-             ("speedup", "@speedup{0.000}"), ("step time", "@step_time_s{0.000000} s"),
-             ("T(1)", "@baseline_step_time_s{0.000000} s"), ("noisy", "@noisy")]
+    hover = [("series", "@{series}"), ("world size", "@{world_size}"), ("efficiency", "@{efficiency}{0.000}"),
+             ("speedup", "@{speedup}{0.000}"), ("step time", "@{step_time_s}{0.000000} s"),
+             ("T(1)", "@{baseline_step_time_s}{0.000000} s"), ("noisy", "@{noisy}")]
     vdims = ["series", "speedup", "step_time_s", "baseline_step_time_s", "noisy"]
     elements, tops = [], [1.0]
     for baseline in baselines:
@@ -103,9 +103,9 @@ def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
     ideal_all = rows["samples_per_s"] / rows[column] if column in rows else rows["samples_per_s"] * float("nan")
     scale, prefix = display_scale(rows["samples_per_s"].tolist() + ideal_all.dropna().tolist())
     unit = f"{prefix}samples/s"
-    hover = [("series", "@series"), ("world size", "@world_size"),
-             ("throughput", f"@throughput{{0.000}} {unit}"), ("ideal", f"@ideal{{0.000}} {unit}"),
-             ("speedup", "@speedup{0.000}"), ("noisy", "@noisy")]
+    hover = [("series", "@{series}"), ("world size", "@{world_size}"),
+             ("throughput", f"@{{throughput}}{{0.000}} {unit}"), ("ideal", f"@{{ideal}}{{0.000}} {unit}"),
+             ("speedup", "@{speedup}{0.000}"), ("noisy", "@{noisy}")]
     vdims = ["series", "ideal", "speedup", "noisy"]
     elements = []
     for _, group in rows.groupby(list(series), sort=True, dropna=False):
@@ -164,9 +164,9 @@ def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)
                             "step_time_s": float(row["step_time_s"]),
                             "noisy": bool(_noisy(rows).iloc[i])})
     data = pd.DataFrame(records)
-    hover = [("point", "@point"), ("part", "@component"), ("time", f"@time{{0.000}} {unit}"),
-             ("value", "@value_s{0.000000} s"), ("step time", "@step_time_s{0.000000} s"),
-             ("noisy", "@noisy")]
+    hover = [("point", "@{point}"), ("part", "@{component}"), ("time", f"@{{time}}{{0.000}} {unit}"),
+             ("value", "@{value_s}{0.000000} s"), ("step time", "@{step_time_s}{0.000000} s"),
+             ("noisy", "@{noisy}")]
     bars = hv.Bars(data, ["point", "component"], ["time", "value_s", "step_time_s", "noisy"])
     return bars.opts(
         stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["component"].unique()),
@@ -213,8 +213,8 @@ def prediction_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None)
     if rows.empty or any(k not in rows for k in keys + ["predicted_step_time_s"]):
         return hv.Div("<p>No predictions.</p>")
     rows = rows.sort_values("predicted_at_unix_s").drop_duplicates(keys, keep="last")
-    hover = [("series", "@series"), ("world size", "@world_size"), ("step", "@step_ms{0.000} ms"),
-             ("error", "@error{+0.0%}"), ("note", "@note")]
+    hover = [("series", "@{series}"), ("world size", "@{world_size}"), ("step", "@{step_ms}{0.000} ms"),
+             ("error", "@{error}{+0.0%}"), ("note", "@{note}")]
     elements = []
     for (base, network, layout), group in rows.groupby(keys[:3], sort=True):
         group = group.sort_values("world_size")

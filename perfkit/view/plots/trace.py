@@ -58,8 +58,8 @@ def temporal_plot(temporal: pd.DataFrame, *, title: str = "Temporal breakdown of
     note = f" ({left_out} CPU-only rank(s) left out)" if left_out else ""
     return hv.Bars(data, ["run", "part"], ["share_pct", "time_ms", "kernel_time_ms"]).opts(
         stacked=True, invert_axes=True, color="part", cmap=TEMPORAL_PARTS, tools=["hover"],
-        hover_tooltips=[("run", "@run"), ("part", "@part"), ("share", "@share_pct{0.0} %"),
-                        ("time", "@time_ms{0.000} ms"), ("kernel_time", "@kernel_time_ms{0.000} ms")],
+        hover_tooltips=[("run", "@{run}"), ("part", "@{part}"), ("share", "@{share_pct}{0.0} %"),
+                        ("time", "@{time_ms}{0.000} ms"), ("kernel_time", "@{kernel_time_ms}{0.000} ms")],
         xlabel="", ylabel="share of kernel_time (%)", title=title + note,
         **LEGEND_BESIDE,
         width=900, height=90 + 32 * data["run"].nunique(), show_grid=True)
@@ -88,8 +88,8 @@ def top_kernels_plot(top: pd.DataFrame, *, ranks=None, width: int = 900):
         where = " · ".join([str(key[0]), f"rank {key[1]}"] if len(key) == 2 else [f"rank {key[0]}"])
         panels.append(hv.Bars(data, "kernel", ["share_pct", "name", "count", "total_time_ms", "kernel_type"]).opts(
             invert_axes=True, tools=["hover"], color="#1f77b4", xlabel="", ylabel="share of the rank's time (%)",
-            hover_tooltips=[("name", "@name"), ("type", "@kernel_type"), ("count", "@count"),
-                            ("total", "@total_time_ms{0.000} ms"), ("share", "@share_pct{0.0} %")],
+            hover_tooltips=[("name", "@{name}"), ("type", "@{kernel_type}"), ("count", "@{count}"),
+                            ("total", "@{total_time_ms}{0.000} ms"), ("share", "@{share_pct}{0.0} %")],
             title=f"Top {what}: {where}", width=width, height=80 + 24 * len(data), show_grid=True))
     # Each chart its own kernels: a shared categorical axis would list every chart's names in each.
     return panels[0] if len(panels) == 1 else hv.Layout(panels).opts(shared_axes=False).cols(1)
@@ -143,9 +143,9 @@ def ops_roofline(shapes: pd.DataFrame, roof: dict, peaks: dict | None = None, *,
                                    ["tflop_per_s", "op", "shapes", "dtype", "count", "time_ms", "roof_pct", "size"],
                                    label=str(category)).opts(
             color=OP_COLORS.get(category, "#7f7f7f"), size="size", alpha=0.75, tools=["hover"],
-            hover_tooltips=[("op", "@op"), ("shapes", "@shapes"), ("dtype", "@dtype"), ("calls", "@count"),
-                            ("kernel time", "@time_ms{0.000} ms"), ("achieved", "@tflop_per_s{0.00} TFLOP/s"),
-                            ("intensity", "@intensity_flop_per_byte{0.0} FLOP/B"), ("of roof", "@roof_pct{0.0} %")]))
+            hover_tooltips=[("op", "@{op}"), ("shapes", "@{shapes}"), ("dtype", "@{dtype}"), ("calls", "@{count}"),
+                            ("kernel time", "@{time_ms}{0.000} ms"), ("achieved", "@{tflop_per_s}{0.00} TFLOP/s"),
+                            ("intensity", "@{intensity_flop_per_byte}{0.0} FLOP/B"), ("of roof", "@{roof_pct}{0.0} %")]))
     device = roof.get("model") or roof.get("device") or "unknown device"
     note = "" if roof.get("model") else f" — {roof.get('reason') or 'no roof'}"
     return hv.Overlay(elements).opts(

@@ -104,10 +104,10 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
     unit_name = "samples/s" if metric == "samples_per_s" else "tokens/s"
     scale, prefix = display_scale(rows[metric].tolist())
     rows["throughput"] = rows[metric] / scale
-    hover = [("series", "@series"), ("batch size", "@batch_size"),
-             ("throughput", f"@throughput{{0.000}} {prefix}{unit_name}"),
-             ("median step", "@step_time_s{0.000000} s"), ("IQR", "@step_time_iqr_s{0.000000} s"),
-             ("noisy", "@noisy")]
+    hover = [("series", "@{series}"), ("batch size", "@{batch_size}"),
+             ("throughput", f"@{{throughput}}{{0.000}} {prefix}{unit_name}"),
+             ("median step", "@{step_time_s}{0.000000} s"), ("IQR", "@{step_time_iqr_s}{0.000000} s"),
+             ("noisy", "@{noisy}")]
     vdims = ["series", "step_time_s", "step_time_iqr_s", "noisy"]
     elements = _lines(rows, "throughput", vdims, hover)
     oom = _labelled(df)
@@ -120,8 +120,8 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
         elements.append(hv.Scatter(data, "batch_size", ["throughput", "series", "reason"],
                                    label="out of memory").opts(
             marker="x", size=14, color="red", line_width=3, tools=["hover"],
-            hover_tooltips=[("oom at batch size", "@batch_size"), ("series", "@series"),
-                            ("reason", "@reason")]))
+            hover_tooltips=[("oom at batch size", "@{batch_size}"), ("series", "@{series}"),
+                            ("reason", "@{reason}")]))
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
@@ -139,8 +139,8 @@ def memory_vs_batch(df: pd.DataFrame):
     scale, prefix = display_scale(rows["peak_mem_bytes"].tolist())
     rows["memory"] = rows["peak_mem_bytes"] / scale
     rows["peak_mem_kind"] = rows["peak_mem_kind"].astype(str) if "peak_mem_kind" in rows else "?"
-    hover = [("series", "@series"), ("batch size", "@batch_size"),
-             ("peak memory", f"@memory{{0.00}} {prefix}B"), ("measured as", "@peak_mem_kind")]
+    hover = [("series", "@{series}"), ("batch size", "@{batch_size}"),
+             ("peak memory", f"@{{memory}}{{0.00}} {prefix}B"), ("measured as", "@{peak_mem_kind}")]
     elements = _lines(rows, "memory", ["series", "peak_mem_kind", "noisy"], hover)
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
@@ -161,14 +161,14 @@ def activations_vs_batch(df: pd.DataFrame):
         else pd.Series(float("nan"), index=rows.index)
     scale, prefix = display_scale(rows["activation_bytes_predicted"].tolist() + measured.dropna().tolist())
     rows["predicted"], rows["measured"] = rows["activation_bytes_predicted"] / scale, measured / scale
-    hover = [("series", "@series"), ("batch size", "@batch_size")]
+    hover = [("series", "@{series}"), ("batch size", "@{batch_size}")]
     elements = _lines(rows, "predicted", ["series", "noisy"],
-                      hover + [("predicted", f"@predicted{{0.00}} {prefix}B")], dash="dashed",
+                      hover + [("predicted", f"@{{predicted}}{{0.00}} {prefix}B")], dash="dashed",
                       suffix=" predicted")
     held = rows[rows["measured"].notna()]
     if not held.empty:
         elements += _lines(held, "measured", ["series", "noisy"],
-                           hover + [("measured", f"@measured{{0.00}} {prefix}B")], suffix=" measured")
+                           hover + [("measured", f"@{{measured}}{{0.00}} {prefix}B")], suffix=" measured")
     ylabel = f"saved activations ({prefix}B)"
     return hv.Overlay(elements).opts(
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
@@ -195,13 +195,13 @@ def mfu_vs_batch(df: pd.DataFrame):
     known["counted_pct"] = 100 * counted.astype(float)
     known["mfu_convention"] = known["mfu_convention"].astype(str)
     vdims = ["series", "mfu_convention", "noisy"]
-    hover = [("series", "@series"), ("batch size", "@batch_size"), ("MFU", "@mfu_pct{0.000} %"),
-             ("convention", "@mfu_convention")]
+    hover = [("series", "@{series}"), ("batch size", "@{batch_size}"), ("MFU", "@{mfu_pct}{0.000} %"),
+             ("convention", "@{mfu_convention}")]
     elements = _lines(known, "mfu_pct", vdims, hover, suffix=" MFU")
     with_count = known[known["counted_pct"].notna()]
     if not with_count.empty:
-        chover = [("series", "@series"), ("batch size", "@batch_size"),
-                  ("counted-FLOP utilisation", "@counted_pct{0.000} %")]
+        chover = [("series", "@{series}"), ("batch size", "@{batch_size}"),
+                  ("counted-FLOP utilisation", "@{counted_pct}{0.000} %")]
         elements += _lines(with_count, "counted_pct", vdims, chover, dash="dashed",
                            suffix=" counted")
     ylabel = "% of peak" if with_count.empty else "% of peak (solid MFU, dashed counted FLOP)"
