@@ -140,3 +140,35 @@ def test_an_empty_plot_inside_a_section_layout_leaves_no_panel_model_in_the_page
     assert "Training" in " ".join(layout.tags)
     modules = {type(m).__module__ for m in layout.references()}
     assert not [m for m in modules if m.startswith("panel")], modules
+
+
+@pytest.mark.slow  # the whole H200 report laid out
+def test_every_tooltip_of_the_h200_report_names_a_field_its_plot_has_and_the_first_screen_summarises():
+    """Issue 55: HoloViews rewrote a tooltip field that began like another (@time_share →
+    @{time_s}hare); every field of every plot's tooltips must be one its data has. And the page
+    opens on a summary: the device, how the configurations ended, the findings, the sections."""
+    import re
+
+    from bokeh.models import HoverTool
+    from bokeh.plotting import figure
+
+    from perfkit.core.results import load
+    from perfkit.view.report import build_report
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu-h200"
+    if not folder.is_dir():
+        pytest.skip(f"the H200 reference folder is not at {folder} (read in place)")
+    layout = build_report(load(folder), results_dir=folder)
+    checked = 0
+    for fig in layout.select({"type": figure}):
+        fields = set().union(*(r.data_source.data.keys() for r in fig.renderers if hasattr(r, "data_source")))
+        for tool in fig.select({"type": HoverTool}):
+            for _, spec in tool.tooltips or []:
+                named = re.findall(r"@\{(\w+)\}", spec)
+                assert set(named) <= fields and not re.search(r"@\{\w+\}[a-z]", spec), (fig.title.text, spec)
+                checked += 1
+    assert checked > 50
+    first = layout.children[0].text  # the page opens on it
+    assert "devices:</b> NVIDIA H200 (driver nvidia 580.159.04)" in first and "16 configurations: 16 ok" in first
+    assert "host/launch-bound" in first and "What binds it" in first and 'href="#roofline"' in first
+    assert first.count("<li><b>") + first.count("<li>") >= 5

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..display import hv_bokeh  # one place decides inline (offline) or CDN resources
 
-__all__ = ["hv_bokeh", "ceiling_lines", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE",
+__all__ = ["hv_bokeh", "ceiling_lines", "roof_labels", "LABEL_GAP", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE",
            "width_with_legend", "whole", "mapping_label"]
 
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
@@ -100,12 +100,36 @@ def ceiling_lines(ceilings: pd.DataFrame, dtypes, *, scale: float = 1.0, x_text:
     if ceilings is None or ceilings.empty:
         return lines
     compute = ceilings[(ceilings["kind"] == "compute") & ceilings["dtype"].isin(list(dtypes))]
+    labels = []
     for row in compute.itertuples():
-        label = f"{row.dtype} {row.origin} peak {format_si(row.value, 'FLOP/s')}"
         lines.append(
             hv.HLine(row.value / scale).opts(
                 line_dash=_ORIGIN_DASH.get(row.origin, "dashdot"), line_width=1.5, color="gray")
         )
-        lines.append(hv.Text(x_text, row.value / scale, f" {label}", halign="left", valign="bottom",
-                             fontsize=8))
-    return lines
+        labels.append((float(row.value), f"{row.dtype} {row.origin} peak {format_si(row.value, 'FLOP/s')}"))
+    return lines + roof_labels(hv, labels, x_text, scale, halign="left")
+
+
+#: Two roof labels closer than this factor on a log axis would print over each other.
+LABEL_GAP = 1.6
+
+
+def roof_labels(hv, labels: list[tuple[float, str]], x: float, scale: float, *, halign: str) -> list:
+    """One label per horizontal roof, never over another (issue 55: "fp32 spec 67" over "fp32
+    measured 53.9", "bf16 spec 989" over "fp16 spec 989"): roofs of one value share a label; of
+    two close roofs the lower one's label goes under its line and the upper one's above; a third
+    close one is named by the legend alone."""
+    merged: dict[float, list[str]] = {}
+    for value, text in sorted(labels):
+        merged.setdefault(value, []).append(text.strip())
+    placed: list[list] = []  # [value, text, valign]
+    for value, texts in sorted(merged.items()):
+        text = " · ".join(dict.fromkeys(texts))
+        if placed and value < placed[-1][0] * LABEL_GAP:
+            if placed[-1][2] == "top" or (len(placed) > 1 and placed[-1][0] < placed[-2][0] * LABEL_GAP):
+                continue  # crowded: the legend names it
+            placed[-1][2] = "top"
+        placed.append([value, text, "bottom"])
+    pad = (" {}" if halign == "left" else "{} ").format
+    return [hv.Text(x, value / scale, pad(text), halign=halign, valign=valign, fontsize=8)
+            for value, text, valign in placed]

@@ -67,7 +67,7 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", 
     rows["data_wait_pct"] = 100 * rows["data_wait_share"].astype(float)
     rows["bound"] = rows["bound"].astype(str)
     vdims = ["series", "bound", "data_wait_pct", "noisy"]
-    hover = [("series", "@{series}"), ("workers", "@{num_workers}"), ("throughput", f"@{{metric}}{{0.0}} samples/s"),
+    hover = [("series", "@{series}"), ("workers", "@{num_workers}"), ("throughput", f"@{{{metric}}}{{0.0}} samples/s"),
              ("median data wait", "@{data_wait_pct}{0.0} % of the step"), ("bound", "@{bound}"), ("noisy", "@{noisy}")]
     elements = []
     for series, group in rows.groupby("series", sort=True):

@@ -38,11 +38,13 @@ def gemm_throughput(df: pd.DataFrame, ceilings: pd.DataFrame | None = None):
         ))
     values = (rows["flop_per_s"] / scale).tolist() + [p / scale for p in peaks]
     ylim = (min(values) / 2, max(values) * 2)
-    overlay = hv.Overlay(curves + ceiling_lines(ceilings, dtypes, scale=scale, x_text=float(rows["size"].min())))
+    # Every point inside the frame (issue 55: the first and last sizes sat on its edges, cut in half).
+    xlim = (float(rows["size"].min()) / 1.25, float(rows["size"].max()) * 1.25)
+    overlay = hv.Overlay(curves + ceiling_lines(ceilings, dtypes, scale=scale, x_text=xlim[0]))
     return overlay.opts(
         hv.opts.Curve(logx=True, logy=True),
         hv.opts.Overlay(title="GEMM throughput (hollow: noisy, IQR/median > 0.1)",
                         xlabel="matrix size M=N=K", ylabel=f"achieved {unit}", logx=True, logy=True,
-                        ylim=ylim, width=width_with_legend(overlay), height=440, **LEGEND_BESIDE,
+                        xlim=xlim, ylim=ylim, width=width_with_legend(overlay), height=440, **LEGEND_BESIDE,
                         show_grid=True),
     )

@@ -80,7 +80,7 @@ def latency_plot(df: pd.DataFrame, metric: str = "ttft", x: str = "prompt_len"):
     rows = rows.assign(series=_labels(rows, (x,)), upper=upper / scale, zero=0.0, noisy=noisy,
                        **{metric: rows[y] / scale})
     name = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e_latency": "end-to-end latency"}[metric]
-    hover = [("series", "@{series}"), (x, f"@{{x}}"), (name, f"@{{metric}}{{0.000}} {prefix}s"),
+    hover = [("series", "@{series}"), (x, f"@{{{x}}}"), (name, f"@{{{metric}}}{{0.000}} {prefix}s"),
              ("noisy", "@{noisy}")]
     parts = []
     for series, g in rows.groupby("series", sort=True):

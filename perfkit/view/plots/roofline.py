@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.errors import BadInputError
-from ._common import LEGEND_BESIDE, display_scale, format_si, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, display_scale, format_si, hv_bokeh, ok_rows, roof_labels
 
 __all__ = ["roofline", "roofline_static", "roofline_section"]
 
@@ -133,30 +133,6 @@ def _trajectories(hv, frame: pd.DataFrame, trajectory_by: str, scale: float) -> 
     return paths
 
 
-#: Two roof labels closer than this factor on the log axis would print over each other.
-_LABEL_GAP = 1.6
-
-
-def _roof_labels(hv, labels: list[tuple[float, str]], x: float, scale: float) -> list:
-    """One label per compute roof at the right end, never over another (issue 55: "fp32 spec 67"
-    over "fp32 measured 53.9"): roofs of one value share a label; of two close roofs the lower
-    one's label goes under its line and the upper one's above; a third close one is named by the
-    legend alone."""
-    merged: dict[float, list[str]] = {}
-    for value, text in sorted(labels):
-        merged.setdefault(value, []).append(text.strip())
-    placed: list[list] = []  # [value, text, valign]
-    for value, texts in sorted(merged.items()):
-        text = " · ".join(dict.fromkeys(texts)) + " "
-        if placed and value < placed[-1][0] * _LABEL_GAP:
-            if placed[-1][2] == "top" or (len(placed) > 1 and placed[-1][0] < placed[-2][0] * _LABEL_GAP):
-                continue  # crowded: the legend names it
-            placed[-1][2] = "top"
-        placed.append([value, text, "bottom"])
-    return [hv.Text(x, value / scale, text, halign="right", valign=valign, fontsize=8)
-            for value, text, valign in placed]
-
-
 def _ceiling_lines(hv, roofs: pd.DataFrame, dtypes: set[str], xlim, ylim, scale: float) -> list:
     """Compute roofs of ``dtypes`` (horizontal) and memory roofs (I × B, clipped) with labels."""
     xlo, xhi = xlim
@@ -182,7 +158,7 @@ def _ceiling_lines(hv, roofs: pd.DataFrame, dtypes: set[str], xlim, ylim, scale:
         line([(start, row.value / scale), (xhi, row.value / scale)], row.name, row.origin,
              row.value, "FLOP/s", "#444444")
         labels.append((row.value, f"{row.name} {row.origin} {format_si(row.value, 'FLOP/s')} "))
-    elements += _roof_labels(hv, labels, xhi, scale)
+    elements += roof_labels(hv, labels, xhi, scale, halign="right")
     for i, row in enumerate(memory.itertuples()):
         same = compute[compute["origin"] == row.origin]
         clip = same["value"].max() if not same.empty else compute["value"].max()
