@@ -68,21 +68,32 @@ def test_resolved_fit_draws_a_busbw_curve_that_rises_and_saturates_with_s_half_m
     hv.render(overlay, backend="bokeh")
 
 
-def test_busbw_of_the_median_time_is_marked_beside_the_rows_busbw():
-    # The rows' time_s is nccl-tests' mean; a preempted iteration inflates it, not the median.
+def test_the_line_is_the_median_time_with_its_iqr_and_the_means_are_marked_beside_it():
+    """Issue 55: the line followed the rows' time_s (nccl-tests' mean), which a preempted
+    iteration inflates, while the median marks sat 5-10x higher; and the title promised a model
+    it did not always draw."""
     hv = _hv()
     sizes = 1024 * 4.0 ** np.arange(11)
     df = _rows(25e-6, 12e9, sizes)
+    df["time_iqr_s"] = df["time_median_s"] * 0.2
     df["time_s"] = df["time_s"] * 3  # as if every mean had absorbed a preemption
     df["algbw_bytes_per_s"] = df["size_bytes"] / df["time_s"]
     df["busbw_bytes_per_s"] = df["algbw_bytes_per_s"] * 1.5
     overlay = busbw_vs_size(df)
-    (marks,) = [e for e in overlay if isinstance(e, hv.Points)
-                and hv.Store.lookup_options("bokeh", e, "style").kwargs.get("marker") == "x"]
     expected = sizes / df["time_median_s"].to_numpy() * 1.5 / 1e9
-    assert marks.data["busbw"].to_numpy() == pytest.approx(expected)
-    (curve,) = _dashed(overlay)  # fitted to the medians: it follows the × marks, not the points
+    (line,) = [e for e in overlay if isinstance(e, hv.Curve) and e not in _dashed(overlay)]
+    assert line.data["busbw"].to_numpy() == pytest.approx(expected)
+    (means,) = [e for e in overlay if isinstance(e, hv.Points)
+                and hv.Store.lookup_options("bokeh", e, "style").kwargs.get("marker") == "x"]
+    assert means.data["busbw"].to_numpy() == pytest.approx(expected / 3)
+    (bars,) = [e for e in overlay if isinstance(e, hv.ErrorBars)]
+    assert (bars.data["low"] > 0).all() and (bars.data["high"] > bars.data["low"]).all()  # the IQR, as busbw
+    (curve,) = _dashed(overlay)  # fitted to the medians: it follows the line
     assert curve.data["busbw"].iloc[-1] == pytest.approx(expected[-1], rel=0.05)
+    title = hv.Store.lookup_options("bokeh", overlay, "plot").kwargs["title"]
+    assert "median time" in title and "α-β model" in title
+    unfit = busbw_vs_size(_rows(1e-3, 10e9, 1024 * 4.0 ** np.arange(5)))  # latency-bound: no model drawn
+    assert "α-β model" not in hv.Store.lookup_options("bokeh", unfit, "plot").kwargs["title"]
     hv.render(overlay, backend="bokeh")
 
 

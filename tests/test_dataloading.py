@@ -410,3 +410,24 @@ def test_the_sharing_strategy_is_set_in_the_workers_that_hand_batches_over(tmp_p
         LoaderConfig(sharing_strategy="file_system")
     with pytest.raises(BadInputError, match="sharing_strategy must be one of"):
         LoaderConfig(sharing_strategy="carrier_pigeon", num_workers=2)
+
+
+def test_workers_0_and_2_draw_one_line_whatever_torch_sets_for_worker_only_settings():
+    """Issue 55: 0 and 2 workers landed in two series (prefetch_factor_effective is None without
+    workers, 2 with them), so the chart drew no line; the workers axis is ticked at whole workers."""
+    import pandas as pd
+    from bokeh.models import FixedTicker
+
+    from perfkit.view.plots._common import hv_bokeh
+    from perfkit.view.plots.dataloading import _series, throughput_vs_workers
+
+    rows = pd.DataFrame({"workload": "dataloader", "status": "ok", "format": "npy", "num_workers": [0, 2, 4],
+                         "prefetch_factor_effective": [None, 2, 2], "batch_size": [32.0, 32.0, 32.0],
+                         "step_time_s": [0.1, 0.05, 0.04], "step_samples_per_s": [320.0, 640.0, 800.0],
+                         "data_wait_share": [0.5, 0.1, 0.0], "bound": "input"})
+    assert _series(rows).nunique() == 1
+    fig = hv_bokeh().render(throughput_vs_workers(rows, rec=rows.iloc[0:0]), backend="bokeh")
+    assert list(fig.xaxis[0].ticker.ticks) == [0, 2, 4] and isinstance(fig.xaxis[0].ticker, FixedTicker)
+    assert fig.x_range.start < 0 and fig.x_range.end > 4
+    other = rows.assign(prefetch_factor_effective=[None, 2, 4])  # a real difference where workers ran
+    assert {"npy prefetch_factor_effective=2", "npy prefetch_factor_effective=4"} < set(_series(other))

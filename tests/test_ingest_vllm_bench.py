@@ -134,3 +134,13 @@ def test_a_run_with_failed_requests_keeps_the_successful_ones_samples_and_counts
     # Without a "failed" count (vLLM 0.6 kept none), the errors say how many.
     del obj["failed"]
     assert vllm_bench.parse(json.dumps(obj), source=name).rows[0]["failed_requests"] == 3
+
+
+def test_an_imported_run_is_named_by_its_model_in_the_plots(reference_dir, tmp_path):
+    """Issue 55: an imported vLLM run's legend said "all"."""
+    from perfkit.core.results import load
+    from perfkit.view.plots.inference import _labels, _rows
+
+    name = "vllm-0.25.1-bench-serve-opt125m-cpu.json"
+    import_files("vllm-bench", [reference_dir / "native" / name], tmp_path / "runs")
+    assert _labels(_rows(load(tmp_path / "runs")), ()).tolist() == ["facebook/opt-125m"]

@@ -383,3 +383,18 @@ def test_an_injected_straggler_is_reported_as_straggler_time_not_as_communicatio
     assert f["rule"] == "straggler" and f["evidence"]["slowest_rank"] == 1, f
     assert f["evidence"]["straggler_time_s"] == pytest.approx(delay_s, rel=0.2) and "rank 1" in f["advice"]
     evidence_is_in_rows(f, folder)
+
+
+def test_world_sizes_are_ticked_at_whole_ranks_and_labels_say_which_setting_varies():
+    """Issue 55: a world-size axis ticked 1.2, 1.4 … 1.8 ranks; a legend 'ddp strong 64.0'."""
+    from bokeh.models import FixedTicker
+
+    df = _synthetic_rows().assign(batch=64.0)
+    other = df.assign(batch=128.0)
+    rows = scaling.scaling_efficiency(pd.concat([df, other.assign(global_batch_size=128)], ignore_index=True),
+                                      group_by=["batch"], mode="strong")
+    fig = _hv().render(efficiency_vs_world_size(rows, series=("parallelism", "mode", "batch")), backend="bokeh")
+    assert isinstance(fig.xaxis[0].ticker, FixedTicker) and list(fig.xaxis[0].ticker.ticks) == [1, 2, 4]
+    assert fig.x_range.start < 1 and fig.x_range.end > 4  # the first and last points inside the frame
+    legend = {item.label["value"] for item in fig.legend[0].items}
+    assert "ddp strong batch=64 vs no wrapper" in legend and not any(".0" in text for text in legend), legend

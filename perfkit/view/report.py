@@ -219,10 +219,23 @@ def failures_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration that did not end ok: its status, reason and parameters."""
     bad = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
     cols = [c for c in ("config_id", "notebook", "status", "reason") if c in bad]
-    params = [c for c in bad.columns if c not in cols and not str(c).startswith("env_") and c not in
-              {"recorded_at", "noisy"} and not str(c).endswith("_samples_s") and bad[c].notna().any()]
+    # The configurations' own parameters (param_names), not whatever columns the rows carry: a
+    # measurement window's Unix seconds are no parameter (issue 55).
+    named: list[str] = []
+    for text in bad.get("param_names", pd.Series(dtype=object)).dropna().unique():
+        try:
+            named += [n for n in (json.loads(text) if isinstance(text, str) else list(text)) if n not in named]
+        except (ValueError, TypeError):
+            continue
+    params = [c for c in named if c in bad and c not in cols and bad[c].notna().any()] or [
+        c for c in bad.columns if c not in cols and not str(c).startswith("env_") and c not in {"recorded_at", "noisy"}
+        and not str(c).endswith(("_samples_s", "_unix_s")) and bad[c].notna().any()]
     keys = ["config_id", "status"] if "config_id" in bad else None
-    return bad[cols + params[:8]].drop_duplicates(subset=keys).reset_index(drop=True)
+    out = bad[cols + params[:8]].drop_duplicates(subset=keys).reset_index(drop=True)
+    if "recorded_at" in bad:  # when it ended, as a person reads a time
+        out["ended"] = pd.to_datetime(bad.drop_duplicates(subset=keys)["recorded_at"].to_numpy(), utc=True,
+                                      errors="coerce").strftime("%Y-%m-%d %H:%M:%S UTC")
+    return out
 
 
 def _table_html(frame: pd.DataFrame, max_rows: int = 500) -> str:

@@ -150,8 +150,9 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
     (α or β unresolved with its bound, or a bad fit). α and β with their 95 % intervals are in
     the hover of the points and of the curve. The points are the rows' busbw, from ``time_s``
     (nccl-tests' mean); the model is fitted to each size's median time (:mod:`perfkit.analyse.commfit`),
-    whose busbw is marked × when the rows carry ``time_median_s``: on a busy host, where
-    preemption inflates means, the curve follows the × marks. A known spec
+    which the line and its markers draw (with the IQR as a bar) when the rows carry
+    ``time_median_s``: the means are × marks beside them, since preemption on a busy host inflates
+    means. A known spec
     link bandwidth of an nccl configuration is drawn as a horizontal line. Noisy points
     (IQR/median > 0.1) are hollow.
     """
@@ -185,6 +186,7 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
     no_fit = {"alpha": "no fit", "beta": "no fit", "s_half": "unknown", "verdict": "no fit"}
     label = _labeller(data)
     elements, ys, names = [], [], []
+    drew_medians = drew_model = False
     for i, (key, group) in enumerate(_groups(data, by)):
         name, color = label(key), _PALETTE[i % len(_PALETTE)]
         names.append(name)
@@ -208,21 +210,36 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
             "noisy": group["noisy"].astype(bool), **summary,
         })
         ys += points["busbw"].tolist()
-        line = points.groupby("size_bytes", as_index=False)["busbw"].median()  # repeats: one line
-        elements.append(hv.Curve(line, "size_bytes", "busbw", label=name).opts(color=color))
-        elements.append(hv.Scatter(points, "size_bytes", vdims, label=name).opts(
-            color=color, size=8, tools=["hover"], hover_tooltips=hover,
-            fill_alpha=hv.dim("noisy").categorize(_HOLLOW, default=1.0)))
+        shown = points
         if "time_median_s" in group and "algbw_bytes_per_s" in group:
-            # What the model is fitted to: busbw of each size's median time (× marks; the points
-            # are the rows' time_s, nccl-tests' mean, which preemption inflates on a busy host).
-            factor = group["busbw_bytes_per_s"] / group["algbw_bytes_per_s"]
-            medians = points.assign(busbw=(group["size_bytes"] / group["time_median_s"] * factor / scale).to_numpy())
-            medians = medians[np.isfinite(medians["busbw"]) & (medians["busbw"] > 0)]
-            elements.append(hv.Points(medians, ["size_bytes", "busbw"], vdims[1:], label=f"{name} median").opts(
+            # The line and its markers are each size's median time as busbw, with the IQR as a
+            # bar (issue 55: the line followed the rows' time_s, nccl-tests' mean, which
+            # preemption on a busy host inflates, 5-10x off the medians); the means are × marks.
+            factor = (group["busbw_bytes_per_s"] / group["algbw_bytes_per_s"]).to_numpy()
+            size = group["size_bytes"].to_numpy(dtype=float)
+            median = group["time_median_s"].to_numpy(dtype=float)
+            shown = points.assign(busbw=size / median * factor / scale)
+            if "time_iqr_s" in group:
+                half = group["time_iqr_s"].to_numpy(dtype=float) / 2
+                fast, slow = np.maximum(median - half, 1e-15), median + half
+                bars = pd.DataFrame({"size_bytes": size, "busbw": size / median * factor / scale,
+                                     "low": size / median * factor / scale - size / slow * factor / scale,
+                                     "high": size / fast * factor / scale - size / median * factor / scale})
+                bars = bars[np.isfinite(bars["busbw"]) & (bars["busbw"] > 0)]
+                elements.append(hv.ErrorBars(bars, "size_bytes", ["busbw", "low", "high"]).opts(color=color))
+            means = points[np.isfinite(points["busbw"]) & (points["busbw"] > 0)]
+            elements.append(hv.Points(means, ["size_bytes", "busbw"], vdims[1:], label=f"{name} mean").opts(
                 color=color, marker="x", size=7, show_legend=False, tools=["hover"],
-                hover_tooltips=[("busbw of the median time" if k == "busbw" else k, v) for k, v in hover]))
-            ys += medians["busbw"].tolist()
+                hover_tooltips=[("busbw of the mean time (nccl-tests)" if k == "busbw" else k, v) for k, v in hover]))
+            shown = shown[np.isfinite(shown["busbw"]) & (shown["busbw"] > 0)]
+            ys += shown["busbw"].tolist()
+            drew_medians = True
+        line = shown.groupby("size_bytes", as_index=False)["busbw"].median()  # repeats: one line
+        elements.append(hv.Curve(line, "size_bytes", "busbw", label=name).opts(color=color))
+        elements.append(hv.Scatter(shown, "size_bytes", vdims, label=name).opts(
+            color=color, size=8, tools=["hover"], hover_tooltips=[
+                ("busbw of the median time" if k == "busbw" and shown is not points else k, v) for k, v in hover],
+            fill_alpha=hv.dim("noisy").categorize(_HOLLOW, default=1.0)))
         if fit is not None and _drawable(fit):
             curve = busbw_curve(fit_frame)
             model = pd.DataFrame({"size_bytes": curve["size_bytes"].astype(float),
@@ -240,6 +257,7 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
                 color=color, marker="diamond", size=13, line_color="black", show_legend=False,
                 tools=["hover"], hover_tooltips=model_hover))
             ys += model["busbw"].tolist()
+            drew_model = True
     x_text = float(data["size_bytes"].min())
     for value, source in sorted(links.items()):
         elements.append(hv.HLine(value / scale).opts(color="gray", line_dash="dotted", line_width=1.5))
@@ -249,11 +267,20 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
     ys = [y for y in ys if y > 0 and math.isfinite(y)]
     return hv.Overlay(elements).opts(
         hv.opts.Curve(logx=True, logy=True),
-        hv.opts.Overlay(title="Collective busbw (× median time; dashed: α-β model, ◆ S½; hollow: noisy)",
+        hv.opts.Overlay(title=_busbw_title(drew_medians, drew_model),
                         xlabel="message size S (bytes)", ylabel=f"busbw ({unit})", logx=True,
                         logy=True, ylim=(min(ys) / 2, max(ys) * 2), width=width_with_legend(names, 680), height=480,
                         **LEGEND_BESIDE, show_grid=True),
     )
+
+
+def _busbw_title(medians: bool, model: bool) -> str:
+    """The title says what the plot draws, and only that (issue 55: it promised a dashed α–β model
+    and ◆ S½ where no fit was good enough to draw)."""
+    parts = ["line: each size's median time, bar: its IQR, ×: the mean" if medians else "line: each size's time"]
+    if model:
+        parts.append("dashed: α-β model, ◆ S½")
+    return f"Collective busbw ({'; '.join(parts)}; hollow: noisy)"
 
 
 def _hide_setting_ticks(plot, element):

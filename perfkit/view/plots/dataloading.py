@@ -13,7 +13,7 @@ import pandas as pd
 
 from perfkit.analyse import dataloading as analysis
 
-from ._common import LEGEND_BESIDE, display_text, hv_bokeh, ok_rows, width_with_legend
+from ._common import whole, LEGEND_BESIDE, display_text, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["throughput_vs_workers", "step_breakdown", "stall_bars", "recommendation_table",
            "dataloading_summary", "dataloading_section"]
@@ -34,13 +34,29 @@ def _rows(df: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["step_time_s"].notna()].copy() if "step_time_s" in rows else rows.iloc[0:0]
 
 
+#: Settings of the worker processes: they do not exist at num_workers 0 (torch leaves them unset),
+#: so their values there say nothing and must not split a line.
+_WORKER_ONLY = ("prefetch_factor_effective", "persistent_workers", "start_method")
+
+
 def _series(df: pd.DataFrame) -> pd.Series:
+    """Each row's line: its format (pinned or not) and the settings that vary among the rows, as
+    ``name=value`` (whole numbers as integers). A worker-only setting counts where workers ran
+    (issue 55: workers 0 and 2 drew on two lines, prefetch_factor_effective none and 2)."""
     label = df["format"].astype(str)
     if "pin_memory_applied" in df:  # the label says "pinned" where the loader pinned
         label = label + df["pin_memory_applied"].map({True: " pinned", False: ""}).fillna("")
+    with_workers = df["num_workers"].fillna(0) > 0 if "num_workers" in df else pd.Series(True, index=df.index)
     for col in _VARYING:
-        if col in df and _text(df[col]).nunique() > 1:
-            label = label + f" {col}=" + _text(df[col])
+        if col not in df:
+            continue
+        values = df[col].map(lambda v: "none" if v is None or v != v else str(whole(v)))
+        if col in _WORKER_ONLY:
+            if values[with_workers].nunique() <= 1:
+                continue
+            values = values.where(with_workers, "-")
+        if values.nunique() > 1:
+            label = label + f" {col}=" + values
     return label
 
 
@@ -87,7 +103,15 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", 
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=f"Data loading: {what} vs workers (hollow: noisy; ★ recommended)",
                         xlabel="num_workers", ylabel="samples/s", width=width_with_legend(elements), height=400,
+                        xticks=sorted({int(w) for w in rows["num_workers"]}), xlim=_worker_lim(rows),
                         **LEGEND_BESIDE, show_grid=True))
+
+
+def _worker_lim(rows: pd.DataFrame) -> tuple[float, float]:
+    """Workers are whole processes, and the first and last counts' markers stay inside the frame."""
+    lo, hi = int(rows["num_workers"].min()), int(rows["num_workers"].max())
+    pad = max(0.3, 0.06 * (hi - lo))
+    return lo - pad, hi + pad
 
 
 def _label(row) -> str:
@@ -167,8 +191,10 @@ def recommendation_table(df: pd.DataFrame, *, rec: pd.DataFrame | None = None):
     for col in ("samples/s", "of best"):
         if col in table:
             table[col] = table[col].astype(float).round(3)
+    # Each column wide enough for its header (issue 55: "pin_memor"), at 7 px a character.
+    widths = {c: max(len(str(c)), *(len(str(v)) for v in table[c])) * 8 + 16 for c in table.columns}
     return hv.Table(display_text(table)).opts(
-        width=760, height=min(60 + 28 * len(table), 400),
+        width=max(760, sum(widths.values())), height=min(60 + 28 * len(table), 400),
         title=f"Recommendation: fewest workers reaching {analysis.RECOMMEND_FRACTION:.0%} of the best step throughput")
 
 

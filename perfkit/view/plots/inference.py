@@ -55,8 +55,17 @@ def _labels(df: pd.DataFrame, exclude: tuple[str, ...]) -> pd.Series:
     cols = [c for c in _KEYS if c in df and c not in exclude
             and (df[c].astype(str).nunique() > 1 or c == "kv_cache")]
     if not cols:
-        return pd.Series("all", index=df.index)
+        return _named(df)
     return df[cols].apply(lambda r: ", ".join(_text(c, r[c]) for c in cols), axis=1)
+
+
+def _named(df: pd.DataFrame) -> pd.Series:
+    """A line's name when nothing varies: its model (an imported vLLM run says which; issue 55:
+    its legend said "all"), else "all"."""
+    for col in ("model", "model_id", "source_path"):
+        if col in df and df[col].notna().any():
+            return df[col].map(lambda v: str(v).rsplit("/", 1)[-1] if col == "source_path" else str(v))
+    return pd.Series("all", index=df.index)
 
 
 def _empty(what: str):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, width_with_legend
+from ._common import LEGEND_BESIDE, whole, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars",
            "scaling_section", "prediction_section"]
@@ -28,7 +28,22 @@ _COLORS = {"forward + backward": "#4c78a8", "optimizer": "#72b7b2", "exposed com
 
 
 def _label(row, series: Sequence[str]) -> str:
-    return " ".join(str(row[c]) for c in series if c in row.index)
+    """The wrapper and mode as they are, any other setting that varies as ``name=value``, whole
+    numbers as integers (issue 55: "ddp strong 64.0")."""
+    plain = {"parallelism", "mode", "scaling_mode", "precision", "model"}  # their values name themselves
+    return " ".join(str(whole(row[c])) if c in plain else f"{c}={whole(row[c])}" for c in series if c in row.index)
+
+
+def _world_ticks(rows: pd.DataFrame) -> list[int]:
+    """World sizes are whole ranks: tick them, never 1.2, 1.4 … 1.8 (issue 55)."""
+    return sorted({int(w) for w in rows["world_size"].dropna()})
+
+
+def _world_lim(rows: pd.DataFrame) -> tuple[float, float]:
+    """The world-size axis with room for the first and last points' markers."""
+    ticks = _world_ticks(rows)
+    pad = max(0.25, 0.06 * (ticks[-1] - ticks[0])) if ticks else 0.5
+    return (ticks[0] - pad, ticks[-1] + pad) if ticks else (0.5, 2.5)
 
 
 def _wrapped(df: pd.DataFrame) -> pd.DataFrame:
@@ -85,6 +100,7 @@ def efficiency_vs_world_size(df: pd.DataFrame, *, baselines: Sequence[str] = ("n
     return hv.Overlay(elements + [ideal, text]).opts(
         hv.opts.Overlay(title="Scaling efficiency (dashed: ideal 1.0; hollow: noisy)",
                         xlabel="world size (ranks)", ylabel="efficiency", ylim=(0, max(tops) * 1.15),
+                        xticks=_world_ticks(rows), xlim=_world_lim(rows),
                         width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))
 
 
@@ -124,6 +140,7 @@ def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=f"Throughput (dashed: ideal N·X(1), X(1) {_BASELINES.get(baseline, baseline)})",
                         xlabel="world size (ranks)", ylabel=f"throughput ({unit})", width=width_with_legend(elements),
+                        xticks=_world_ticks(rows), xlim=_world_lim(rows),
                         height=400, **LEGEND_BESIDE, show_grid=True))
 
 
@@ -236,5 +253,5 @@ def prediction_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None)
                                                                        size=10, marker="diamond"))
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Predicted step time (dashed, hollow: perfkit predict; diamonds: measured at the same point)",
-                        xlabel="world size (ranks)", ylabel="step time (ms)", logx=True,
+                        xlabel="world size (ranks)", ylabel="step time (ms)", logx=True, xticks=_world_ticks(rows),
                         width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, mapping_label, ok_rows, width_with_legend
+from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, whole, width_with_legend
 
 __all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
@@ -34,8 +34,8 @@ def _series(df: pd.DataFrame) -> pd.Series:
     if "model" in df and df["model"].nunique() > 1:
         parts.append(df["model"].astype(str))
     if "model_size" in df:  # the demo's bigger pipeline model drew on one line with the small one
-        sizes = df["model_size"].map(lambda v: mapping_label(v, empty="default size", sep=" ", sort=False))
-        if sizes.nunique() > 1:
+        sizes = _varying_sizes(df)
+        if sizes.str.len().gt(0).any():
             parts.append(pd.Series([_size_label(m, s, n) for m, s, n in zip(
                 df["model"] if "model" in df else [""] * len(df), sizes,
                 df["n_params"] if "n_params" in df else [None] * len(df))], index=df.index))
@@ -44,12 +44,39 @@ def _series(df: pd.DataFrame) -> pd.Series:
     label = parts[0]
     for part in parts[1:]:
         label = label + " " + part
-    return label
+    return label.str.strip()
+
+
+def _varying_sizes(df: pd.DataFrame) -> pd.Series:
+    """Per row, the ``model_size`` fields that differ among the rows of its model, ``k=v`` (issue
+    55: every field of every line, "n_layers=4 d_model=1024 n_heads=16 vocab_size=8192", twelve
+    times over); "" where the model was run at one size."""
+    import json
+
+    def parse(v) -> dict:
+        if isinstance(v, dict):
+            return v
+        try:
+            return json.loads(v) if isinstance(v, str) and v.strip() else {}
+        except ValueError:
+            return {"size": v}
+
+    parsed = df["model_size"].map(parse)
+    models = df["model"] if "model" in df else pd.Series("", index=df.index)
+    out = pd.Series("", index=df.index, dtype=object)
+    for _, idx in models.groupby(models, sort=False).groups.items():
+        group = parsed[idx]
+        keys = sorted({k for d in group for k in d})
+        vary = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in group}) > 1]
+        out[idx] = [" ".join(f"{k}={whole(d[k])}" for k in vary if k in d) for d in group]
+    return out
 
 
 def _size_label(model, sizes: str, n_params) -> str:
     """A line's size: perfkit's models by their few size fields; a user's model (``hf:llama``,
     ``pkg.mod:fn``), whose config has dozens, by its parameter count."""
+    if not sizes:
+        return ""
     if ":" in str(model) and n_params is not None and n_params == n_params:
         return f"{n_params / 1e6:.3g}M params"
     return sizes
