@@ -3,6 +3,8 @@
 import json
 
 import pandas as pd
+from pathlib import Path
+
 import pytest
 
 import perfkit
@@ -126,3 +128,46 @@ def test_a_column_two_notebooks_type_differently_does_not_make_the_folder_unread
                tmp_path / "b.parquet")
     df = results.load(tmp_path).set_index("config_id")
     assert df.loc["a", "count"] == 1024 and df.loc["b", "count"] is True and df.loc["c", "count"] is False
+
+
+def test_paths_a_row_stores_are_relative_to_its_folder_and_a_moved_folder_still_finds_them(tmp_path):
+    """Issue 55: rows stored absolute paths, so a copied folder lost its traces."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from perfkit.core.results import RunContext, load, record
+
+    folder = tmp_path / "run"
+    trace = folder / "traces" / "cfg-1" / "run-a" / "rank0.json.gz"
+    trace.parent.mkdir(parents=True)
+    trace.write_bytes(b"{}")
+    ctx = RunContext(results_path=folder / "results" / "cfg-1.parquet", config_id="cfg-1", params={}, param_names=())
+    record({"trace_path": str(trace), "rank_trace_paths": [str(trace)], "outside": "/etc/hostname"}, context=ctx)
+    stored = pq.read_table(folder / "results" / "cfg-1.parquet").to_pandas()
+    assert stored["trace_path"][0] == "traces/cfg-1/run-a/rank0.json.gz"
+    assert list(stored["rank_trace_paths"][0]) == ["traces/cfg-1/run-a/rank0.json.gz"]
+    moved = tmp_path / "elsewhere"
+    shutil.move(folder, moved)
+    rows = load(moved)
+    assert rows["trace_path"][0] == str(moved / "traces/cfg-1/run-a/rank0.json.gz")
+    assert Path(rows["rank_trace_paths"][0][0]).exists()
+
+
+def test_a_copied_h200_folder_finds_its_trace_and_memory_snapshot(tmp_path):
+    """The H200 reference's rows name /tmp/perfkit-gpu/sweep/traces/.../rank0.json.gz, recorded by an
+    older perfkit; copied anywhere, they resolve to the files the folder holds."""
+    import shutil
+
+    from perfkit.core.results import load
+
+    source = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu-h200"
+    if not source.is_dir():
+        pytest.skip(f"the H200 reference folder is not at {source} (read in place)")
+    copy = tmp_path / "h200"
+    shutil.copytree(source, copy)
+    rows = load(copy)
+    traced = rows[rows["trace_path"].notna()].iloc[0]
+    assert Path(traced["trace_path"]).exists() and Path(traced["trace_path"]).is_relative_to(copy)
+    snapshots = rows["memory_snapshot_path"].dropna()
+    assert len(snapshots) and all(Path(p).exists() for p in snapshots)

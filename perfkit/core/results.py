@@ -217,9 +217,11 @@ def record(rows, *, status: str = _status.OK, reason: str | None = None,
     ``context`` defaults to the one the executor set (or the interactive one). Returns the rows
     as written (with ``config_id``, ``status``, parameters and fingerprint).
     """
+    from .results_paths import relative_to_folder, results_folder_of
+
     ctx = context or current_context()
     frame = _complete(_as_frame(rows), ctx, status, reason)
-    write_rows(frame, ctx.results_path)
+    write_rows(relative_to_folder(frame, results_folder_of(ctx.results_path)), ctx.results_path)
     return frame
 
 
@@ -302,6 +304,9 @@ def load(directory: str | Path, *, statuses: Iterable[str] | None = None,
         from .results_scan import scan
 
         frame, units = scan(files, columns, filters, statuses, directory)
+        from .results_paths import resolved_in_folder
+
+        frame = resolved_in_folder(frame, directory if directory.is_dir() else directory.resolve().parent.parent)
         frame.attrs["units"] = units
         return frame
     if not files:
@@ -313,5 +318,8 @@ def load(directory: str | Path, *, statuses: Iterable[str] | None = None,
         frame, units = indexed or _read_many(files)
     if statuses is not None:
         frame = frame[frame["status"].isin(wanted)].reset_index(drop=True)
+    from .results_paths import resolved_in_folder
+
+    frame = resolved_in_folder(frame, directory if directory.is_dir() else directory.resolve().parent.parent)
     frame.attrs["units"] = units
     return frame
