@@ -189,7 +189,11 @@ def test_notebook_runs_and_renders_offline(source, lab, lab_root, browser, shots
 
 
 def _change_explorer_dropdown(page: NotebookPage, shots: Path) -> None:
-    """The explorer's dropdown (a panel Select in a shadow root) changes what the plot draws."""
+    """The explorer's pickers (panel Selects in a shadow root: filter, facet, colour, x, y; issue 55)
+    are there, and its y picker, the last, changes what the plot draws."""
+    labels = " ".join(page.page.locator("label").all_inner_texts())
+    for name in ("filter by", "facet", "colour", "x", "y"):
+        assert name in labels, f"the explorer has no {name!r} picker ({labels!r})"
     select = page.page.locator("select").last
     options = select.locator("option").all_inner_texts()
     assert len(options) >= 2, f"the explorer's dropdown offers {options}"

@@ -123,3 +123,23 @@ def test_param_docstring_tables_only_where_someone_can_ask_for_them(context, exp
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1:] == [expected], out.stdout + out.stderr
+
+
+@pytest.mark.slow  # one real kernel
+def test_a_notebook_says_in_plain_text_how_to_trust_it_where_its_plots_cannot_run(tmp_path):
+    """Issue 55: an executed notebook opened untrusted showed blank space and no word of why. The
+    note is the plain-text form of an output whose JavaScript form is empty: trusted, nothing
+    shows; untrusted, JupyterLab falls back to the text."""
+    import papermill as pm
+
+    from perfkit.view.display import UNTRUSTED_NOTE
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from perfkit.view.display import hv_bokeh\nhv = hv_bokeh()")])
+    src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, src)
+    pm.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False)
+    outputs = nbformat.read(out, as_version=4).cells[0].outputs
+    notes = [o for o in outputs if o.get("data", {}).get("text/plain") == UNTRUSTED_NOTE]
+    assert len(notes) == 1 and notes[0]["data"]["application/javascript"] == ""
+    assert "jupyter trust" in UNTRUSTED_NOTE

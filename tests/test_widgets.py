@@ -65,3 +65,37 @@ def perfkit_bad_input():
     from perfkit.core.errors import BadInputError
 
     return BadInputError
+
+
+def test_the_explorer_picks_x_y_colour_facet_and_a_filter_with_units_in_its_axes(monkeypatch):
+    """Issue 55: the explorer was one dtype dropdown, its axes raw names ("flop_per_s")."""
+    import holoviews as hv
+    import panel as pn
+
+    from perfkit.view.explorer import axis_label, explorer
+
+    monkeypatch.delenv("PERFKIT_STATIC", raising=False)
+    monkeypatch.delenv("PERFKIT_CONTEXT", raising=False)
+    rows = pd.DataFrame({"size": [64, 128, 256] * 2, "flop_per_s": [1e9, 4e9, 9e9, 2e9, 8e9, 9e9],
+                         "time_s": [1e-3, 2e-3, 4e-3] * 2, "status": "ok", "dtype": ["fp32"] * 3 + ["bf16"] * 3,
+                         "env_torch": "2.13"})
+    app = explorer(rows)
+    assert isinstance(app, pn.Column)
+    picks = {w.name: w for w in app.select(pn.widgets.Select)}
+    assert list(picks) == ["filter by", "facet", "colour", "x", "y"]
+    assert (picks["x"].value, picks["y"].value, picks["colour"].value) == ("size", "flop_per_s", "dtype")
+    assert "env_torch" not in picks["x"].options and "dtype" in picks["facet"].options
+    plot = app[-1].object()
+    fig = hv.render(plot, backend="bokeh")
+    assert fig.xaxis[0].axis_label == "size" and fig.yaxis[0].axis_label == "flop (FLOP/s)"
+    picks["y"].value = "time_s"
+    assert hv.render(app[-1].object(), backend="bokeh").yaxis[0].axis_label == "time (s)"
+    picks["filter by"].value = "dtype"
+    keep = next(iter(app.select(pn.widgets.MultiChoice)))
+    assert keep.options == ["bf16", "fp32"]
+    keep.value = ["bf16"]
+    shown = app[-1].object()
+    assert {len(e.data) for e in shown} == {3}  # the fp32 rows filtered out
+    assert axis_label("busbw_bytes_per_s") == "busbw (bytes/s)" and axis_label("peak_mem_bytes") == "peak mem (bytes)"
+    monkeypatch.setenv("PERFKIT_STATIC", "1")
+    hv.render(explorer(rows), backend="bokeh")  # headless: the default plot

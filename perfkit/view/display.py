@@ -66,7 +66,29 @@ def hv_bokeh():
         hv.extension("bokeh", logo=False, inline=(mode == "inline"))
         _register_inline_css_hook()
         _loaded = mode
+        _say_how_to_trust()
     return hv
+
+
+UNTRUSTED_NOTE = ("If no plot shows below, this notebook is not trusted here (JupyterLab runs no "
+                  "JavaScript of a notebook it did not execute itself): File > Trust Notebook, or "
+                  "`jupyter trust NOTEBOOK.ipynb`, then reopen it. perfkit trusts the notebooks it executes.")
+
+
+def _say_how_to_trust() -> None:
+    """In a notebook, one output whose JavaScript form is empty and whose plain-text form says how to
+    trust it: a trusted notebook renders the (empty) JavaScript, an untrusted one falls back to the
+    text, so the note shows exactly where the plots cannot (issue 55: blank space, no word of why)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    from IPython.display import display
+
+    display({"application/javascript": "", "text/plain": UNTRUSTED_NOTE}, raw=True)
 
 
 def _no_param_docstrings_when_executed() -> None:
