@@ -172,3 +172,19 @@ def test_every_tooltip_of_the_h200_report_names_a_field_its_plot_has_and_the_fir
     assert "devices:</b> NVIDIA H200 (driver nvidia 580.159.04)" in first and "16 configurations: 16 ok" in first
     assert "host/launch-bound" in first and "What binds it" in first and 'href="#roofline"' in first
     assert first.count("<li><b>") + first.count("<li>") >= 5
+
+
+def test_the_first_screen_reads_a_frame_without_a_workload_column_or_with_a_repeated_index():
+    # CI (issue 55's first screen): a one-row folder of a user's notebook has no `workload`, and a
+    # frame concatenated from two folders repeats its index; both broke the headlines.
+    from perfkit.view.report_summary import summary_html
+
+    bare = pd.DataFrame([{"status": "ok", "time_s": 0.01}])
+    assert "ran:" in summary_html(bare, [], [])
+    step = {"workload": "train_step", "status": "ok", "model": "transformer", "batch_size": 8,
+            "precision": "fp32", "mfu": 0.25}
+    twice = pd.concat([pd.DataFrame([{**step, "samples_per_s": 100.0}]),
+                       pd.DataFrame([{**step, "samples_per_s": 300.0, "batch_size": 32}])])
+    assert list(twice.index) == [0, 0]
+    page = summary_html(twice, [], [])
+    assert "best 300 samples/s (transformer, batch 32, fp32); MFU 25.0 %" in page

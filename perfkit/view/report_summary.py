@@ -22,6 +22,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["summary_html", "anchor", "configurations_html", "MAX_FINDINGS"]
@@ -88,13 +89,15 @@ def _time(seconds: float) -> str:
 def _best(rows: pd.DataFrame, column: str):
     if column not in rows:
         return None
-    values = pd.to_numeric(rows[column], errors="coerce").dropna()
-    return rows.loc[values.idxmax()] if len(values) else None
+    values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+    if not (values == values).any():
+        return None
+    return rows.iloc[int(np.nanargmax(values))]  # by position: a concatenated frame repeats its index
 
 
 def _headlines(ok: pd.DataFrame) -> list[str]:
     out = []
-    work = ok["workload"] if "workload" in ok else pd.Series(dtype=object)
+    work = ok["workload"] if "workload" in ok else pd.Series(None, index=ok.index, dtype=object)
     train = ok[work == "train_step"]
     if (row := _best(train, "samples_per_s")) is not None:
         mfu = row.get("mfu")

@@ -61,15 +61,17 @@ def _varying_sizes(df: pd.DataFrame) -> pd.Series:
         except ValueError:
             return {"size": v}
 
-    parsed = df["model_size"].map(parse)
-    models = df["model"] if "model" in df else pd.Series("", index=df.index)
-    out = pd.Series("", index=df.index, dtype=object)
-    for _, idx in models.groupby(models, sort=False).groups.items():
-        group = parsed[idx]
+    parsed = [parse(v) for v in df["model_size"]]  # by position: a concatenated frame repeats its index
+    models = [str(m) for m in df["model"]] if "model" in df else [""] * len(df)
+    labels = [""] * len(df)
+    for model in dict.fromkeys(models):
+        positions = [i for i, m in enumerate(models) if m == model]
+        group = [parsed[i] for i in positions]
         keys = sorted({k for d in group for k in d})
         vary = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in group}) > 1]
-        out[idx] = [" ".join(f"{k}={whole(d[k])}" for k in vary if k in d) for d in group]
-    return out
+        for i, d in zip(positions, group):
+            labels[i] = " ".join(f"{k}={whole(d[k]) if k in d else 'default'}" for k in vary)
+    return pd.Series(labels, index=df.index, dtype=object)
 
 
 def _size_label(model, sizes: str, n_params) -> str:
