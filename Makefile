@@ -16,11 +16,12 @@ EXTRAS      := dev,slurm,hf,tfrecord,webdataset,ray
 DEMO_DIR    ?= runs/quickstart
 DEMO_WORKERS ?= 1
 
-.PHONY: venv demo test test-fast browser clean help
+.PHONY: venv demo test test-fast docs browser clean help
 
 help:
 	@echo "make demo   create .venv, run the quickstart on this machine's device, write $(DEMO_DIR)/report.html"
 	@echo "make test   create .venv and run the whole test suite, notebooks included (nbval)"
+	@echo "make docs   write the reference pages from the code and build the site into build/site"
 	@echo "make clean  remove .venv and runs/"
 
 venv: $(STAMP)
@@ -101,6 +102,11 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
 	  || echo "chromium could not be installed: the browser test will skip with the reason"; \
 	fi
+
+docs: venv
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "docs: build/site/index.html"
 
 clean:
 	rm -rf $(VENV) runs perfkit-runs

@@ -30,6 +30,10 @@ def test_round_trip_keeps_dtypes_units_and_samples(run_context, tmp_path):
     assert df.attrs["units"]["flop_per_s"] == "FLOP/s"
     assert df.attrs["units"]["peak_mem_bytes"] == "bytes"
     assert df.attrs["units"]["time_samples_s"] == "s"
+    # Frames derived from it share its units: pandas deep-copied them into every frame an
+    # operation made, a third of a report's time (issue 55).
+    derived = df[df["time_s"] > 0].sort_values("time_s")[["time_s"]]
+    assert derived.attrs["units"] is df.attrs["units"]
     # Every row carries its configuration id, status, parameters and the fingerprint.
     assert set(df["config_id"]) == {"cfg-1"} and set(df["status"]) == {"ok"}
     assert (df["batch_size"] == 8).all() and (df["precision"] == "bf16").all()
