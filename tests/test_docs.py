@@ -2,7 +2,8 @@
 the README stays a front page, and every ```sh example in docs/ runs as written.
 
 A ```sh block is a promise that the commands work from the repository root (with ../shared beside
-it); a ```bash block is shown, not run (it needs a cluster, a GPU, the user's own files or minutes).
+it); a ```bash block is shown, not run, and the line above it says why (`<!-- not run: reason -->`:
+it needs a cluster, a GPU, the user's own files or minutes).
 A number in a block's `# ...` comment lines (e.g. "58.78 ms") is a claim about the output: it must
 appear in what the block prints, so the docs cannot drift from the code's numbers.
 """
@@ -43,6 +44,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly_with_references_generated_from_the_code(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is a dev extra (make installs it)")
     pytest.importorskip("material", reason="mkdocs-material is a dev extra (make installs it)")
@@ -122,5 +124,15 @@ def test_every_sh_example_in_the_docs_runs_as_written(where, body, tmp_path):
     assert not missing, f"{where}: its comments promise {missing}, which the output does not show"
 
 
-def test_the_docs_have_runnable_examples():
-    assert len(_SH) >= 4, "the docs' ```sh examples are the ones tests run; keep some"
+def test_every_shell_example_runs_or_says_why_not():
+    assert len(_SH) >= 6, "the docs' ```sh examples are the ones tests run; keep some"
+    unexplained = []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in _BLOCK.finditer(text):
+            if m["lang"] == "bash":
+                before = text[:m.start()].rstrip().splitlines()
+                if not (before and re.fullmatch(r"\s*<!-- not run: .{10,} -->", before[-1])):
+                    unexplained.append(f"{page.name}:{text[:m.start()].count(chr(10)) + 1}")
+    assert not unexplained, ("a ```bash block is shown, not run: say why on the line above it "
+                             f"(<!-- not run: reason -->), or make it ```sh so the suite runs it: {unexplained}")
