@@ -51,6 +51,7 @@ from perfkit.analyse.inference import latency_metrics
 from perfkit.core import checks
 from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core.status import OK, error_row, raise_for_status  # noqa: F401 - the notebook calls inference.raise_for_status
+from perfkit.measuring.inference import cache_size
 from perfkit.measuring.inference import kv_cache as kv
 from perfkit.measuring.workloads import catalog
 from perfkit.measuring.workloads import synthetic as workloads
@@ -307,19 +308,6 @@ def prompt_inputs(cfg: InferenceConfig, model: torch.nn.Module,
 
 # ---- roofs and the roofline placement ---------------------------------------------------------
 
-def _kv_cache_bytes(cfg: InferenceConfig, model: torch.nn.Module) -> int:
-    """Bytes of the KV cache of P + N positions for ``batch_size`` sequences: keys and values of
-    every layer (of the key/value heads under grouped-query attention)."""
-    spec, positions, element = cfg.spec, cfg.prompt_len + cfg.new_tokens, PRECISIONS[cfg.precision].itemsize
-    if isinstance(spec, UserModelSpec):
-        from perfkit.measuring.inference.hf_steps import is_encoder_decoder, kv_cache_bytes
-
-        if is_encoder_decoder(model):  # the decoder's 1 + N positions, the encoder's P
-            return kv_cache_bytes(model, cfg.batch_size, 1 + cfg.new_tokens, element, source_positions=cfg.prompt_len)
-        return kv_cache_bytes(model, cfg.batch_size, positions, element)
-    return 2 * spec.n_layers * cfg.batch_size * positions * spec.d_model * element
-
-
 def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
     """The ceilings table for ``cfg``'s points, as ``cfg.ceilings`` says (:data:`CEILINGS`).
 
@@ -397,6 +385,7 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         stamps, prefill, tokens = _generations(cfg, model, prompt, device, source)
         counts = (kv.count_steps(model, prompt, cfg.new_tokens, kv_cache=cfg.kv_cache, source=source)
                   if cfg.count_ops else {})
+        cache = cache_size.cache_columns(cfg, model, prompt, source, PRECISIONS[cfg.precision].itemsize) if cfg.kv_cache else {}
     metrics = latency_metrics(stamps, batch_size=cfg.batch_size, prompt_len=cfg.prompt_len,
                               prefill_samples_s=prefill)
     roofline, reasons = {}, []
@@ -412,7 +401,7 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         "sdpa_backends_available": ", ".join(k for k, v in kv.sdpa_backends(device).items() if v is None),
         "n_params": sum(p.numel() for p in model.parameters()),
         "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "kv_cache_bytes": _kv_cache_bytes(cfg, model) if cfg.kv_cache else 0,
+        **(cache if cfg.kv_cache else {"kv_cache_bytes": 0, "state_bytes": 0}),
         # Equal digests: equal greedy tokens (with and without the cache, across precisions).
         "tokens_digest": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
         "roofline_reason": "; ".join(dict.fromkeys(placed)) or None,

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 __all__ = ["is_hf", "is_encoder_decoder", "HFCachedStep", "HFFullStep", "HFSeq2SeqStep", "allocate_cache",
-           "max_positions", "vocab_size", "kv_cache_bytes"]
+           "max_positions", "vocab_size", "kv_cache_bytes", "cache_kind", "cache_keyword"]
 
 
 def is_hf(model: nn.Module) -> bool:
@@ -53,12 +53,6 @@ def vocab_size(model: nn.Module) -> int:
     return int(model.config.vocab_size)
 
 
-def _kv_heads_and_dim(config) -> tuple[int, int]:
-    """Key/value heads (``num_key_value_heads`` under grouped-query attention) and head dim."""
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return kv_heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def _decoder_attention(config) -> tuple[int, int, int]:
     """An encoder–decoder's decoder layers, heads and head dim (bart/whisper, t5 spellings)."""
     layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
@@ -67,20 +61,44 @@ def _decoder_attention(config) -> tuple[int, int, int]:
 
 
 def kv_cache_bytes(model: nn.Module, batch_size: int, positions: int, element_bytes: int,
-                   source_positions: int = 0) -> int:
-    """Keys and values of every layer for ``positions`` positions: the key/value heads × head dim
-    per position and layer. An encoder–decoder's decoder layers hold ``positions`` of
-    self-attention and ``source_positions`` (the encoder's output) of cross-attention."""
+                   source_positions: int = 0, *, static: bool = True) -> tuple[float, float]:
+    """(key/value bytes, recurrent-state bytes) the model's cache holds at ``positions`` (a static
+    cache: its length), over its layer pattern (:mod:`perfkit.measuring.workloads.hf_layers`:
+    full, sliding-window and latent attention, Gated DeltaNet, Mamba); NaN where a layer kind has
+    no model. An encoder–decoder's decoder layers hold ``positions`` of self-attention and
+    ``source_positions`` (the encoder's output) of cross-attention."""
+    from perfkit.measuring.workloads import hf_layers
+
     if is_encoder_decoder(model):
         layers, heads, head_dim = _decoder_attention(model.config)
-        return 2 * layers * batch_size * (positions + source_positions) * heads * head_dim * element_bytes
-    kv_heads, head_dim = _kv_heads_and_dim(model.config)
-    return 2 * model.config.num_hidden_layers * batch_size * positions * kv_heads * head_dim * element_bytes
+        return float(2 * layers * batch_size * (positions + source_positions) * heads * head_dim * element_bytes), 0.0
+    return hf_layers.cache_bytes(model.config, batch_size, positions, element_bytes, static=static)
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The forward's name for the cache: ``past_key_values``, or ``cache_params`` (mamba, mamba2)."""
+    import inspect
+
+    names = inspect.signature(model.forward).parameters
+    return "cache_params" if "cache_params" in names and "past_key_values" not in names else "past_key_values"
+
+
+def cache_kind(cache) -> str:
+    """``static``, ``dynamic`` or ``encoder-decoder``: which transformers cache a row used."""
+    import transformers
+
+    if isinstance(cache, transformers.EncoderDecoderCache):
+        return "encoder-decoder"
+    return "static" if isinstance(cache, transformers.StaticCache) else "dynamic"
 
 
 def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: bool = True):
-    """A fresh cache for one generation: a ``StaticCache`` of ``max_len`` positions, allocated now
-    (its first use fills it for ``batch_size`` sequences), or a ``DynamicCache``."""
+    """A fresh cache for one generation: transformers' ``StaticCache`` of ``max_len`` positions
+    where the family compiles whole (``_can_compile_fullgraph``), its layers allocated now, else a
+    ``DynamicCache``. The layers of a static cache are of each layer's kind (sliding, full,
+    latent, linear attention: ``config.layer_types``) and take their shapes from the first update,
+    so one token through the model allocates them all, with the shapes each layer really has, and
+    ``reset()`` zeroes them: the prompt then fills an allocated cache, as a compiled step's does."""
     import transformers
 
     if is_encoder_decoder(model):
@@ -88,13 +106,10 @@ def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: b
                                                 transformers.DynamicCache(config=model.config))
     if static and getattr(model, "_can_compile_fullgraph", False):
         cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
-        # Allocate the layers' tensors before the clock starts (StaticCache allocates lazily).
         param = next(model.parameters())
-        kv_heads, head_dim = _kv_heads_and_dim(model.config)
-        probe = torch.zeros(batch_size, kv_heads, 1, head_dim, dtype=param.dtype, device=param.device)
-        for layer in cache.layers:
-            if hasattr(layer, "lazy_initialization"):
-                layer.lazy_initialization(probe, probe)
+        with torch.no_grad():
+            HFCachedStep(model)(torch.zeros(batch_size, 1, dtype=torch.long, device=param.device), cache, 0)
+        cache.reset()
         return cache
     return transformers.DynamicCache(config=model.config)
 
@@ -105,13 +120,17 @@ class HFCachedStep(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.keyword = cache_keyword(model)
 
     def forward(self, tokens: torch.Tensor, cache, start: int) -> torch.Tensor:
         t = tokens.shape[1]
         positions = torch.arange(start, start + t, device=tokens.device)
-        out = self.model(input_ids=tokens, past_key_values=cache, use_cache=True,
-                         position_ids=positions.unsqueeze(0).expand(tokens.shape[0], -1),
-                         cache_position=positions, logits_to_keep=1)
+        if self.keyword == "cache_params":  # a state-space model: no positions, its own state
+            out = self.model(input_ids=tokens, cache_params=cache, use_cache=True, logits_to_keep=1)
+        else:
+            out = self.model(input_ids=tokens, past_key_values=cache, use_cache=True,
+                             position_ids=positions.unsqueeze(0).expand(tokens.shape[0], -1),
+                             cache_position=positions, logits_to_keep=1)
         return out.logits[:, -1]
 
 

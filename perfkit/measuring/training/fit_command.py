@@ -14,7 +14,7 @@ import re
 import sys
 import time
 
-from perfkit.core.errors import BadInputError
+from perfkit.core.errors import BadInputError, ConfigurationSkipped
 from perfkit.core.specs import SPEC_TABLE, spec_peaks
 
 __all__ = ["add_fit_command", "run_fit", "parse_bytes", "device_budget", "memory_checker"]
@@ -118,7 +118,17 @@ def memory_checker(device: str | None, memory_bytes: str | None, headroom: float
     return check
 
 
-def _value(text: str):
+def _value(text: str, key: str = ""):
+    """A ``--size`` value: an int, a float, true/false, JSON for a list or an object
+    (``layer_types=["linear_attention","full_attention"]``), else the string."""
+    if text.lstrip().startswith(("[", "{")):
+        import json
+
+        try:
+            return json.loads(text)
+        except ValueError as error:
+            raise BadInputError(f"--size {key}={text}: not valid JSON ({error}); quote it for the shell, "
+                                f"e.g. --size '{key}=[\"a\", \"b\"]'") from None
     for cast in (int, float):
         try:
             return cast(text)
@@ -135,7 +145,7 @@ def _config(args):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise BadInputError(f"--size {item!r}: give KEY=VALUE (e.g. --size num_hidden_layers=32)")
-        size[key] = _value(value)
+        size[key] = _value(value, key)
     return TrainConfig(model=args.model, model_size=size, model_path=args.model_path, batch_size=args.batch, seq_len=args.seq_len,
                        precision=args.precision, parallelism=args.parallelism, world_size=args.world_size,
                        activation_checkpointing=args.activation_checkpointing,
@@ -150,7 +160,8 @@ def add_fit_command(sub) -> None:
                    help="transformer, mlp, convnet, hf:<model_type>, torchvision:<name> or package.module:function")
     p.add_argument("--model-path", metavar="DIR", help="a folder put first on sys.path before an entry point is imported")
     p.add_argument("--size", action="append", default=[], metavar="KEY=VALUE",
-                   help="the model's size (repeatable): perfkit's model_size, or the HF config's fields")
+                   help="the model's size (repeatable): perfkit's model_size, or the HF config's fields; "
+                        "a list or object as JSON (--size 'layer_types=[\"full_attention\"]')")
     p.add_argument("--batch", type=int, default=8, help="global batch (default 8), split over the data-parallel ranks")
     p.add_argument("--seq-len", type=int, default=32, help="tokens per sample of a text model (default 32)")
     p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16, fp16 or bf16-pure (default fp32)")
@@ -187,14 +198,36 @@ def _predict_all(cfg, compare: bool, say) -> dict:
     from perfkit.measuring.training import memory_edge, memory_fit
 
     configs = {"base": cfg, "base+1": memory_edge.one_more_per_rank(cfg)}
+    skipped = {}
     if compare:
         other = dataclasses.replace(cfg, activation_checkpointing=not cfg.activation_checkpointing)
-        configs.update({"other": other, "other+1": memory_edge.one_more_per_rank(other)})
+        if reason := _setting_reason(other):  # as training would skip it: never a copy of the other line
+            skipped = {"other": ConfigurationSkipped(reason), "other+1": ConfigurationSkipped(reason)}
+        else:
+            configs.update({"other": other, "other+1": memory_edge.one_more_per_rank(other)})
+    def attempt(fn):
+        try:
+            return fn()
+        except BadInputError:
+            raise
+        except Exception as error:  # noqa: BLE001 - one variant failing is that variant's line, not the run's end
+            return error
+
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         there = {k: pool.submit(memory_fit.predict, c) for k, c in configs.items() if k.endswith("+1")}
-        here = {k: memory_fit.predict(c, progress=say if k == "base" else None)
+        here = {k: attempt(lambda c=c, k=k: memory_fit.predict(c, progress=say if k == "base" else None))
                 for k, c in configs.items() if not k.endswith("+1")}
-        return {**here, **{k: f.result() for k, f in there.items()}}
+        return {**here, **{k: attempt(f.result) for k, f in there.items()}, **skipped}
+
+
+def _setting_reason(cfg) -> str | None:
+    """Why a run of ``cfg`` would be skipped for its model (activation checkpointing of a model
+    that names no blocks, ...), as ``perfkit run`` decides it before any rank starts; or None."""
+    from perfkit.measuring.training.config import user_model_skip_reason, workload_spec
+    from perfkit.measuring.workloads.user import UserModelSpec
+
+    spec = workload_spec(cfg)
+    return user_model_skip_reason(cfg, spec) if isinstance(spec, UserModelSpec) else None
 
 
 def _largest(cfg, pred, one_more, budget, check):
@@ -207,13 +240,15 @@ def _largest(cfg, pred, one_more, budget, check):
 def _cannot_predict(cfg, error: BaseException) -> str:
     """One line for a step that fails on fake tensors (it would fail on the device too, or the fake
     mode lacks a kernel): its own message, and what to try where it is known."""
-    text = " ".join(str(error).split())[:240]
+    text = " ".join(str(error).split())
     hint = ""
     if "Expected inputs of BF16" in text:
         hint = ("; torch's grouped GEMM (a mixture of experts' experts) takes bf16 operands on CUDA, which "
                 "autocast does not cast for it: a run at this precision fails the same way; --precision "
                 "bf16-pure runs it")
-    return f"cannot predict {cfg.model}: its step failed on fake tensors ({type(error).__name__}: {text}){hint}"
+    variant = f" with activation checkpointing {'on' if cfg.activation_checkpointing else 'off'}"
+    return (f"cannot predict {cfg.model}{variant}: its step failed on fake tensors ({type(error).__name__}: "
+            f"{text}){hint}")
 
 
 def run_fit(args) -> int:
@@ -226,18 +261,17 @@ def run_fit(args) -> int:
         raise BadInputError(f"--top must be at least 0, got {args.top}")
     device_bytes, device_source = device_budget(args.device, args.memory_bytes)
     cfg = _config(args)  # a model that does not build, a batch that does not split: exit 2 here
-    reason = memory_fit.fit_reason(cfg)
+    reason = memory_fit.fit_reason(cfg) or _setting_reason(cfg)
     if reason:
         raise BadInputError(reason)
     budget = device_bytes * (1 - args.headroom)
     say = (lambda msg: print(f"  … {msg}", file=sys.stderr)) if args.json != "-" else (lambda _m: None)
     t0 = time.perf_counter()
-    try:
-        got = _predict_all(cfg, not args.no_compare, say)
-    except BadInputError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a crash is never a verdict: exit 1 says "does not fit"
-        raise BadInputError(_cannot_predict(cfg, error)) from error
+    got = _predict_all(cfg, not args.no_compare, say)
+    for key in ("base", "base+1"):  # the configuration asked for: without it there is no answer
+        if isinstance(got[key], BaseException):
+            # a crash is never a verdict: exit 1 would say "does not fit"
+            raise BadInputError(_cannot_predict(cfg, got[key])) from got[key]
     pred = got["base"]
     result = {
         "model": cfg.model, "model_size": dict(cfg.model_size), "batch_size": cfg.batch_size,
@@ -252,11 +286,16 @@ def run_fit(args) -> int:
     }
     if "other" in got:
         other_cfg, other_pred = dataclasses.replace(cfg, activation_checkpointing=not cfg.activation_checkpointing), got["other"]
-        result["other"] = {"activation_checkpointing": other_cfg.activation_checkpointing,
-                           "predicted_peak_bytes": other_pred.peak_bytes,
-                           "predicted_activations_bytes": other_pred.at_peak["activations"],
-                           "fits": other_pred.peak_bytes <= budget,
-                           "largest_batch": _largest(other_cfg, other_pred, got["other+1"], budget, args.check)}
+        failed = next((got[k] for k in ("other", "other+1") if isinstance(got[k], BaseException)), None)
+        if failed is not None:  # the comparison alone is lost, with why
+            result["other"] = {"activation_checkpointing": other_cfg.activation_checkpointing,
+                               "error": _cannot_predict(other_cfg, failed).removeprefix("cannot predict ")}
+        else:
+            result["other"] = {"activation_checkpointing": other_cfg.activation_checkpointing,
+                               "predicted_peak_bytes": other_pred.peak_bytes,
+                               "predicted_activations_bytes": other_pred.at_peak["activations"],
+                               "fits": other_pred.peak_bytes <= budget,
+                               "largest_batch": _largest(other_cfg, other_pred, got["other+1"], budget, args.check)}
     result["seconds"] = time.perf_counter() - t0
     if args.json == "-":
         print(json.dumps(result, indent=2, default=str))
@@ -290,7 +329,10 @@ def _render(r: dict, pred) -> str:
     lines.append(f"largest global batch that fits: {largest if largest else 'none (not one sample per rank)'} ({how})")
     if "other" in r:
         o = r["other"]
-        lines.append(f"with activation checkpointing {'on' if o['activation_checkpointing'] else 'off'}: "
-                     f"peak {_gib(o['predicted_peak_bytes']).strip()} ({'fits' if o['fits'] else 'does not fit'}), "
-                     f"largest batch {o['largest_batch'] or 'none'}")
+        switched = f"with activation checkpointing {'on' if o['activation_checkpointing'] else 'off'}"
+        if "error" in o:
+            lines.append(f"{switched}: not predicted: {o['error']}")
+        else:
+            lines.append(f"{switched}: peak {_gib(o['predicted_peak_bytes']).strip()} "
+                         f"({'fits' if o['fits'] else 'does not fit'}), largest batch {o['largest_batch'] or 'none'}")
     return "\n".join(lines)

@@ -292,42 +292,6 @@ def row_columns(cfg, rank_results: list[dict]) -> tuple[dict, StepMemory | None]
 # ------------------------------------------------------------------------------ the fake step
 
 
-def _fake_builder(fake_mode):
-    """A ``build`` for :func:`~perfkit.measuring.training.step_setup.prepare`: the workload on the
-    meta device (outside fake mode: the builders compare devices and seed generators), its
-    parameters then made fake tensors on the target device. Its batches are drawn on the meta
-    device (nothing allocated; a user's ``make_batch`` may close over tensors its builder made,
-    on meta here), else, when the draw mixes in CPU tensors of the builder (perfkit's tasks), on
-    the CPU; then given as fake tensors of their shapes, strides and dtypes. No value is needed:
-    memory depends on shapes and dtypes."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from perfkit.measuring.workloads import catalog
-    from perfkit.measuring.workloads.workload import map_tensors
-
-    def build(spec, *, device, dtype):
-        with unset_fake_temporarily():
-            work = catalog.build(spec, device="meta", dtype=dtype)
-        with fake_mode:
-            work.model.to_empty(device=device)
-        draw = work._batch
-
-        def batch(n: int, generator):
-            with unset_fake_temporarily():
-                try:  # nothing allocated; a closure's tensors made on the meta device work here
-                    with torch.device("meta"):
-                        inputs, targets = draw(n, generator)
-                except RuntimeError:  # a closure's tensors on the CPU (perfkit's tasks): drawn there
-                    inputs, targets = draw(n, generator)
-            with fake_mode:
-                fake = lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)  # noqa: E731
-                return map_tensors(inputs, fake), map_tensors(targets, fake)
-
-        return dataclasses.replace(work, _batch=batch)
-
-    return build
-
-
 @contextlib.contextmanager
 def _fake_world(world_size: int):
     """A ``fake`` process group with this process as rank 0 of ``world_size``, destroyed after.
@@ -417,10 +381,10 @@ def _grouped_mm_as_the_cpu_runs_it(device: torch.device):
 
 def _predict_faked(cfg, as_run, ddp_like: bool, fake_mode, device, top: int, say, t0: float) -> StepMemory:
     from perfkit.measuring.training import parallel
-    from perfkit.measuring.training import step_setup
+    from perfkit.measuring.training import fake_build, step_setup
 
     with _fake_world(cfg.world_size if ddp_like else as_run.world_size), fake_mode:
-        model, work = step_setup.prepare(as_run, device, build=_fake_builder(fake_mode))
+        model, work = step_setup.prepare(as_run, device, build=fake_build.fake_builder(fake_mode))
         optimizer = parallel.make_optimizer(model, parallelism=cfg.parallelism if ddp_like else as_run.parallelism,
                                             lr=cfg.lr)
         say(f"built {cfg.model} on fake tensors ({time.perf_counter() - t0:.1f} s)")

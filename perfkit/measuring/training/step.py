@@ -155,12 +155,20 @@ def _run(cfg: TrainConfig, ctx: parallel.DistContext) -> dict:
             "trace_reason": profiler.reason,
             "peak_mem_bytes": peak, "peak_mem_kind": peak_kind,
             "counted_flop": sum(int(r["flop"]) for r in counted) if counted is not None else None,
+            # what 6N + attention models: the matmuls, attention kernels and convolutions
+            "counted_matmul_flop": (sum(int(r["flop"]) for r in counted if r["family"] in _MODELLED_FAMILIES)
+                                    if counted is not None else None),
             "collective_calls": _collective_calls(counted), "param_bytes": held.param_bytes,
             "grad_bytes": held.grad_bytes, "optim_state_bytes": held.optim_state_bytes,
             "activation_bytes_measured": saved_peak, "param_gather_bytes_measured": gather_peak,
             "matmul_dtype_counted": _matmul_dtype(counted), "uncounted_ops": uncounted,
             "grad_scale": scaler.get_scale() if scaler else math.nan, "memory": memory,
             **rank_facts(work, device)}
+
+
+#: The op families the analytic FLOP conventions model (6N's matmuls, attention, convolutions); the
+#: rest (elementwise, norms, softmax, the loss) is counted but in no 6N convention.
+_MODELLED_FAMILIES = ("matmul", "attention", "conv")
 
 
 def rank_device(cfg: TrainConfig) -> torch.device:

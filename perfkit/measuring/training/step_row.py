@@ -51,6 +51,14 @@ def _counted_step_flop(cfg: TrainConfig, rank_results: list[dict]) -> tuple[floa
     return math.nan, reason
 
 
+def _counted_matmul_flop(cfg: TrainConfig, rank_results: list[dict]) -> float:
+    """The counted step's matmul, attention and convolution FLOP over all ranks (what the
+    analytic convention models), or NaN where the step was not counted."""
+    if count_reason(cfg) is not None or any(r.get("counted_matmul_flop") is None for r in rank_results):
+        return math.nan
+    return float(sum(r["counted_matmul_flop"] for r in rank_results))
+
+
 def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
     """One results row from every rank's result: a step lasts as long as its slowest rank."""
     per_step = [max(times) for times in zip(*(r["step_time_samples_s"] for r in rank_results))]
@@ -91,6 +99,7 @@ def row_from_ranks(cfg: TrainConfig, rank_results: list[dict]) -> dict:
         "model_family": first.get("model_family", "builtin"), "model_config_note": first.get("config_note"),
         **catalog.package_versions(first.get("model_family", "builtin")),
         "step_counted_flop": counted_flop,
+        "step_counted_matmul_flop": _counted_matmul_flop(cfg, rank_results),
         "counted_flop_per_s": counted_flop / step_s,
         "counted_flop_utilisation": mfu.utilisation(counted_flop, step_s, peak),
         "counted_flop_reason": counted_reason or peak.reason,

@@ -32,14 +32,16 @@ import torch
 import torch.nn.functional as F
 
 from perfkit.core.errors import BadInputError
-from perfkit.measuring.workloads import hf_tasks
+from perfkit.measuring.workloads import hf_layers, hf_tasks
 from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, image_task, non_embedding_params,
                                               seed_generator_batch)
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
 __all__ = ["build_hf", "check_hf", "hf_config", "task_of", "TEXT_FLOP_CONVENTION"]
 
-TEXT_FLOP_CONVENTION = ("6N + 12·L·H·Q·T per token (PaLM app. B); N = parameters outside the "
+TEXT_FLOP_CONVENTION = ("6N + 12·L·H·Q·T per token (PaLM app. B), the attention term per layer kind "
+                        "(sliding window, latent attention, Gated DeltaNet, Mamba: "
+                        "perfkit.measuring.workloads.hf_layers); N = parameters outside the "
                         "embedding tables + a tied lm head; a mixture of experts' routed experts at "
                         "top-k/E (active parameters)")
 #: model_size keys perfkit takes itself for a vision model (not config fields of every family).
@@ -113,9 +115,10 @@ def hf_config(spec: UserModelSpec):
     try:
         config = _transformers().AutoConfig.for_model(model_type, **sizes)
     except Exception as error:  # noqa: BLE001 - transformers' own validation (StrictDataclass..., ValueError)
-        said = " ".join(str(error).split())[:300]
+        said = " ".join(str(error).split())
         raise BadInputError(f"hf:{model_type}: transformers refuses this model_size: {type(error).__name__}: "
                             f"{said}") from None
+    _check_shapes(config, model_type)
     notes = [_special_ids_within(config, model_type, sizes), hf_tasks.prepare_config(task, config, sizes)]
     own["config_note"] = "; ".join(n for n in notes if n) or None
     if task in ("causal-lm", "masked-lm", "seq2seq-lm") and spec.seq_len is not None:
@@ -124,6 +127,41 @@ def hf_config(spec: UserModelSpec):
             raise BadInputError(f"hf:{model_type}: seq_len {spec.seq_len} > the config's "
                                 f"max_position_embeddings {limit}")
     return config, own
+
+
+#: (divided, divisor) config fields whose ratio must be whole: query heads share key/value heads
+#: (grouped-query attention), Gated DeltaNet's value heads share its key heads.
+_DIVIDES = (("num_attention_heads", "num_key_value_heads"), ("linear_num_value_heads", "linear_num_key_heads"),
+            ("n_routed_experts", "n_group"))
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _check_shapes(config, model_type: str) -> None:
+    """Refuse, before any work, the sizes that build but fail inside the first forward (one line
+    each): heads that do not divide, a hidden size the heads do not divide (no ``head_dim`` given),
+    more experts per token than experts, a ``layer_types`` of another length than the layers."""
+    name = f"hf:{model_type}"
+    get = lambda key: getattr(config, key, None)  # noqa: E731
+    for big, small in _DIVIDES:
+        a, b = get(big), get(small)
+        if isinstance(a, int) and isinstance(b, int) and b > 0 and a % b:
+            raise BadInputError(f"{name}: {big} {a} is not a multiple of {small} {b}: each of the {b} must serve "
+                                f"a whole number of the {a}")
+    heads, hidden = get("num_attention_heads"), get("hidden_size")
+    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and not get("head_dim") and hidden % heads:
+        raise BadInputError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                            f"(give head_dim, or sizes that divide)")
+    experts = next((get(k) for k in _EXPERTS if isinstance(get(k), int) and get(k) > 0), None)
+    top_k = get("num_experts_per_tok")
+    if experts and isinstance(top_k, int) and top_k > experts:
+        raise BadInputError(f"{name}: num_experts_per_tok {top_k} > the {experts} experts: a token is routed "
+                            f"to at most every expert")
+    groups, top_groups = get("n_group"), get("topk_group")
+    if isinstance(groups, int) and isinstance(top_groups, int) and top_groups > groups:
+        raise BadInputError(f"{name}: topk_group {top_groups} > n_group {groups}")
+    types, layers = get("layer_types"), get("num_hidden_layers")
+    if isinstance(types, (list, tuple)) and isinstance(layers, int) and len(types) != layers:
+        raise BadInputError(f"{name}: layer_types names {len(types)} layers, num_hidden_layers is {layers}")
 
 
 _SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
@@ -263,7 +301,9 @@ def _expert_params(model, config) -> tuple[int, float]:
     return routed, min(top_k, n_experts) / n_experts
 
 
-def _text_flop(model, config, seq_len: int) -> float:
+def _text_flop(model, config, seq_len: int) -> tuple[float, str | None]:
+    """(training FLOP of one sample, None) or (NaN, why): 6·N·T for the weights, plus 3 × each
+    layer's attention-like forward FLOP over its actual kind (:mod:`hf_layers`)."""
     # A mixture of experts runs each token through top-k of its E routed experts: the active
     # parameters (Fedus et al., Switch Transformers 2021; the convention MoE model cards state).
     routed, active = _expert_params(model, config)
@@ -271,9 +311,10 @@ def _text_flop(model, config, seq_len: int) -> float:
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
         matmul_params += head.weight.numel()  # tied: the head's matmul is not in the non-embedding N
-    layers, heads = config.num_hidden_layers, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return float((6 * matmul_params + 12 * layers * heads * head_dim * seq_len) * seq_len)
+    layers = hf_layers.layers_of(config)
+    if layers.unmodelled:
+        return math.nan, f"no analytic FLOP for part of the model: {layers.unmodelled}"
+    return float(6 * matmul_params * seq_len + 3 * hf_layers.attention_flop(config, seq_len, layers)), None
 
 
 def rank_imports(model_type: str) -> tuple[str, ...]:
@@ -298,6 +339,12 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
     with torch.random.fork_rng(devices=[]), constructing_on(device):
         torch.manual_seed(spec.seed)
         model = auto.from_config(config)
+    # A decoder's training step keeps no cache: with it, a checkpointed block's recomputation appends
+    # to the cache its forward filled (deepseek_v3, gemma3, gpt_oss fail so). Inference passes
+    # use_cache itself. (An encoder-decoder keeps its default: without a cache, whisper's decoder
+    # looks for packed sequences by value, which a meta or fake tensor has not.)
+    if task == "causal-lm" and hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
     blocks = find_blocks(model)
     n_params = sum(p.numel() for p in model.parameters())
     loss_fn, convention = _logits_loss, TEXT_FLOP_CONVENTION
@@ -313,7 +360,7 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
         if spec.seq_len is None:
             raise BadInputError(f"{spec.name} is a text model: it needs seq_len")
         batch = _text_batch(config.vocab_size, spec.seq_len, task == "causal-lm")
-        flop, reason, tokens = _text_flop(model, config, spec.seq_len), None, spec.seq_len
+        (flop, reason), tokens = _text_flop(model, config, spec.seq_len), spec.seq_len
     split = _stage_split(model) if task == "causal-lm" else None
     return Workload(
         spec=spec, model=model.to(device=device, dtype=dtype), loss_fn=loss_fn,

@@ -209,17 +209,27 @@ def block_names_of(model: nn.Module, blocks: Sequence[nn.Module | str] | None, w
 def find_blocks(model: nn.Module) -> tuple[str, ...]:
     """The repeated blocks of a library's model: among the children of its ``ModuleList`` and
     ``Sequential`` containers that hold submodules of their own, the class whose instances hold
-    the most parameters (a decoder's layers, a ResNet's residual blocks), outermost first."""
+    the most parameters (a decoder's layers, a ResNet's residual blocks), outermost first. A
+    decoder whose layers are of several classes (jamba's Mamba and attention layers, a hybrid's
+    linear and full attention) is one container holding them all: its children are the blocks."""
     candidates: dict[type, list[str]] = {}
+    containers: dict[str, list[str]] = {}
     for name, module in model.named_modules():
         if isinstance(module, (nn.ModuleList, nn.Sequential)):
             for child_name, child in module.named_children():
                 if any(True for _ in child.children()):
-                    candidates.setdefault(type(child), []).append(f"{name}.{child_name}" if name else child_name)
+                    full = f"{name}.{child_name}" if name else child_name
+                    candidates.setdefault(type(child), []).append(full)
+                    containers.setdefault(name, []).append(full)
     if not candidates:
         return ()
     weight = lambda names: sum(p.numel() for n in names for p in model.get_submodule(n).parameters())  # noqa: E731
     best = max(candidates.values(), key=lambda names: (weight(names), len(names)))
+    # the one container holding the best class's blocks and blocks of other classes beside them
+    mixed = [children for children in containers.values()
+             if set(best) < set(children) and len({type(model.get_submodule(c)) for c in children}) > 1]
+    if mixed:
+        best = min(mixed, key=len)
     return tuple(best) if len(best) > 1 else ()
 
 
