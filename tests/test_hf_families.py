@@ -220,3 +220,40 @@ def test_every_family_trains_under_ddp_and_zero3_on_two_gloo_ranks():
         assert row["status"] == "ok", (family, parallelism, row["error"])
         assert row["loss_first"] > 0 and math.isfinite(row["loss_last"]), (family, parallelism)
         assert row["step_model_flop"] == pytest.approx(row["step_counted_matmul_flop"], rel=0.05), (family, parallelism)
+
+
+def _save_config(folder: Path) -> None:
+    import transformers
+
+    transformers.AutoConfig.for_model("qwen3_next", **FAMILIES["qwen3_next"]).save_pretrained(folder)
+
+
+def test_a_users_own_config_json_is_a_model_from_a_folder_or_a_file(tmp_path):
+    _save_config(tmp_path / "my-model")
+    for target in (str(tmp_path / "my-model"), str(tmp_path / "my-model" / "config.json")):
+        work = catalog.build(catalog.make(f"hf:{target}", {"num_hidden_layers": 2}, seq_len=24), device="meta")
+        assert type(work.model).__name__ == "Qwen3NextForCausalLM"
+        assert work.model.config.hidden_size == 64 and work.model.config.num_experts == 4  # the file's sizes
+        assert f"config from {tmp_path / 'my-model' / 'config.json'}" in work.config_note
+    # model_size still overrides, with the file's fields under it
+    work = catalog.build(catalog.make(f"hf:{tmp_path / 'my-model'}", {"vocab_size": 256}, seq_len=24), device="meta")
+    assert work.model.config.vocab_size == 256 and work.model.config.linear_num_value_heads == 4
+    with pytest.raises(BadInputError, match="no config.json at"):
+        catalog.check(catalog.make(f"hf:{tmp_path / 'nothing-here'}", {}, seq_len=16))
+
+
+def test_a_hub_id_is_read_from_the_local_cache_and_never_downloaded(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(BadInputError, match=r"hf:acme/tiny-next: its config.json is not in the local Hugging Face "
+                                            r"cache .* perfkit downloads nothing"):
+        catalog.check(catalog.make("hf:acme/tiny-next", {}, seq_len=16))
+    # the cache's own layout: models--org--name/snapshots/<commit>/config.json, refs/main naming it
+    repo = tmp_path / "hub" / "models--acme--tiny-next"
+    _save_config(repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    work = catalog.build(catalog.make("hf:acme/tiny-next", {}, seq_len=24), device="meta")
+    assert type(work.model).__name__ == "Qwen3NextForCausalLM"
+    assert "snapshots/abc123/config.json" in work.config_note

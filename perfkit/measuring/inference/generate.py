@@ -156,11 +156,12 @@ class InferenceConfig:
                                 f"'hf:<model_type>', got {self.model!r}")
         spec = self.spec  # unknown or bad size names fail here, before any work
         if family == "hf":
-            from perfkit.measuring.workloads.hf import task_of
+            from perfkit.measuring.workloads.hf import model_type_of, task_of
 
             catalog.check(spec)  # the model_type, the config's keys, positions for P + N
-            if task_of(spec.target) not in GENERATING_TASKS:
-                raise BadInputError(f"{self.model} is a {task_of(spec.target)} model: inference generates "
+            task = task_of(model_type_of(spec.target))
+            if task not in GENERATING_TASKS:
+                raise BadInputError(f"{self.model} is a {task} model: inference generates "
                                     "with causal LMs (hf:llama, hf:qwen2, hf:gpt2, ...) and encoder-decoders "
                                     "(hf:t5, hf:bart, hf:whisper)")
 

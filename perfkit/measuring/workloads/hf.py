@@ -27,6 +27,7 @@ import functools
 import math
 import re
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,7 @@ from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, image_
                                               seed_generator_batch)
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
-__all__ = ["build_hf", "check_hf", "hf_config", "task_of", "TEXT_FLOP_CONVENTION"]
+__all__ = ["build_hf", "check_hf", "hf_config", "task_of", "model_type_of", "config_file", "TEXT_FLOP_CONVENTION"]
 
 TEXT_FLOP_CONVENTION = ("6N + 12·L·H·Q·T per token (PaLM app. B), the attention term per layer kind "
                         "(sliding window, latent attention, Gated DeltaNet, Mamba: "
@@ -55,6 +56,57 @@ def _transformers():
         raise BadInputError("hf: models need Hugging Face transformers: pip install 'perfkit[hf]'") from None
     transformers.logging.set_verbosity_error()  # random-weight configs warn about token ids
     return transformers
+
+
+def config_file(target: str) -> Path | None:
+    """The ``config.json`` ``hf:<target>`` names, or None where it names a ``model_type``: a
+    folder holding one or the file itself (``hf:./my-model/``, ``hf:/models/x/config.json``; a
+    relative path is from where the run runs: a notebook's folder, as ``model_path``), else a hub
+    id (``hf:org/name``) found in the local Hugging Face cache. Nothing is downloaded."""
+    path = Path(target).expanduser()
+    if target.startswith((".", "/", "~")) or path.exists():
+        found = path / "config.json" if path.is_dir() else path
+        if not found.is_file():
+            raise BadInputError(f"hf:{target}: no config.json at {found.resolve()}: give a model's folder or its "
+                                "config.json")
+        return found.resolve()
+    if "/" not in target:
+        return None
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        raise BadInputError(f"hf:{target}: a hub id is read from the Hugging Face cache, and huggingface_hub "
+                            "is not installed: pip install 'perfkit[hf]'") from None
+    cached = try_to_load_from_cache(target, "config.json")
+    if isinstance(cached, str):
+        return Path(cached)
+    raise BadInputError(f"hf:{target}: its config.json is not in the local Hugging Face cache "
+                        f"({constants.HF_HUB_CACHE}) and perfkit downloads nothing: fetch it where there is a "
+                        f"network (hf download {target} config.json), or give its folder: hf:./folder")
+
+
+def _pretrained(target: str) -> tuple[str, dict, str | None]:
+    """(model_type, the config file's fields, where they came from) of ``hf:<target>``."""
+    found = config_file(target)
+    if found is None:
+        return target, {}, None
+    import json
+
+    try:
+        fields = json.loads(found.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise BadInputError(f"hf:{target}: {found} is not a readable JSON config ({error})") from None
+    model_type = fields.pop("model_type", None) if isinstance(fields, dict) else None
+    if not model_type:
+        raise BadInputError(f"hf:{target}: {found} names no model_type")
+    for key in ("architectures", "transformers_version", "_name_or_path", "auto_map"):
+        fields.pop(key, None)
+    return model_type, fields, str(found)
+
+
+def model_type_of(target: str) -> str:
+    """The ``model_type`` ``hf:<target>`` builds: the target itself, or its config file's."""
+    return _pretrained(target)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,7 +155,8 @@ def _known_keys(model_type: str) -> set[str]:
 
 def hf_config(spec: UserModelSpec):
     """The model's config from ``model_size`` (unknown keys refused, with the close ones)."""
-    model_type, sizes = spec.target, spec.sizes
+    model_type, base, source = _pretrained(spec.target)
+    sizes = spec.sizes
     task = task_of(model_type)
     own_keys = {"image-classification": _VISION_OWN, "ctc": hf_tasks.AUDIO_OWN}.get(task, ())
     own = {k: sizes.pop(k) for k in own_keys if k in sizes and k not in _config_class(model_type)().to_dict()}
@@ -113,13 +166,14 @@ def hf_config(spec: UserModelSpec):
         hints = "; ".join(f"{k}: close {', '.join(v)}" if v else k for k, v in close.items())
         raise BadInputError(f"hf:{model_type}: model_size keys the config does not have: {hints}")
     try:
-        config = _transformers().AutoConfig.for_model(model_type, **sizes)
+        config = _transformers().AutoConfig.for_model(model_type, **{**base, **sizes})
     except Exception as error:  # noqa: BLE001 - transformers' own validation (StrictDataclass..., ValueError)
         said = " ".join(str(error).split())
         raise BadInputError(f"hf:{model_type}: transformers refuses this model_size: {type(error).__name__}: "
                             f"{said}") from None
     _check_shapes(config, model_type)
-    notes = [_special_ids_within(config, model_type, sizes), hf_tasks.prepare_config(task, config, sizes)]
+    notes = [f"config from {source}" if source else None, _special_ids_within(config, model_type, sizes),
+             hf_tasks.prepare_config(task, config, sizes)]
     own["config_note"] = "; ".join(n for n in notes if n) or None
     if task in ("causal-lm", "masked-lm", "seq2seq-lm") and spec.seq_len is not None:
         limit = getattr(config, "max_position_embeddings", None)
@@ -322,7 +376,7 @@ def rank_imports(model_type: str) -> tuple[str, ...]:
     launch forks its ranks (:func:`perfkit.run.launch.launch`'s ``preload``), not once per rank."""
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
-    module = model_type_to_module_name(model_type)
+    module = model_type_to_module_name(model_type_of(model_type))
     return (__name__, f"transformers.models.{module}.modeling_{module}")
 
 
@@ -330,7 +384,7 @@ def build_hf(spec: UserModelSpec, *, device="cpu", dtype=torch.float32) -> Workl
     """The workload of ``hf:<model_type>``: random weights from ``spec.seed``, on ``device``."""
     transformers = _transformers()
     config, own = hf_config(spec)
-    task = task_of(spec.target)
+    task = task_of(model_type_of(spec.target))
     auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM,
             "image-classification": transformers.AutoModelForImageClassification,
             "seq2seq-lm": transformers.AutoModelForSeq2SeqLM, "speech-seq2seq": transformers.AutoModelForSpeechSeq2Seq,
