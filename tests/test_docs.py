@@ -84,8 +84,9 @@ def test_the_readme_is_a_front_page_whose_links_resolve():
     assert quickstart is not None
     commands = [line.split("#")[0].strip() for line in quickstart[1].splitlines() if line.split("#")[0].strip()]
     assert commands == ["make demo", "make test"], "the quickstart is exactly two commands"
+    generated = {f"docs/reference/{page}.md" for page in ("cli", "notebooks", "columns", "glossary")}
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
-        if "://" not in target:
+        if "://" not in target and target not in generated:  # those make docs writes (git ignores them)
             assert (REPO / target).exists(), f"README links to {target}, which does not exist"
     nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
     for page in DOCS.glob("*.md"):
