@@ -16,7 +16,7 @@ EXTRAS      := dev,slurm,hf,tfrecord,webdataset,ray
 DEMO_DIR    ?= runs/quickstart
 DEMO_WORKERS ?= 1
 
-.PHONY: venv demo test test-fast docs browser clean help
+.PHONY: venv demo test test-fast docs browser hta clean help
 
 help:
 	@echo "make demo   create .venv, run the quickstart on this machine's device, write $(DEMO_DIR)/report.html"
@@ -82,7 +82,7 @@ TEST_WORKERS ?= 4
 # rather than by the first of the workers' processes that import each.
 COMPILE_OWN = $(PY) -m compileall -q -j 0 perfkit tests >/dev/null
 # The rows go to a folder of their own, removed after a green run (kept and named after a red one).
-test: venv browser
+test: venv browser hta
 	@$(COMPILE_OWN)
 	out=$$(mktemp -d -t perfkit-test-rows.XXXXXX); \
 	PERFKIT_OUT=$$out PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
@@ -91,7 +91,7 @@ test: venv browser
 	rc=$$?; if [ $$rc = 0 ]; then rm -rf "$$out"; else echo "make test: the notebooks' rows are kept in $$out"; fi; exit $$rc
 
 # The inner loop: no kernels, no ranks, no Slurm, no browser (those are marked slow), in ~2 minutes.
-test-fast: venv
+test-fast: venv hta
 	@$(COMPILE_OWN)
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider -n $(TEST_WORKERS) --durations=10
 
@@ -103,10 +103,26 @@ browser:
 	  || echo "chromium could not be installed: the browser test will skip with the reason"; \
 	fi
 
+# HTA's critical-path analysis is the reference the step graph's critical path is held to
+# (tests/test_step_graph.py). It needs pandas < 3 (under pandas 3 it raises in DataFrame.drop), so
+# it runs from a small venv of its own: HolisticTraceAnalysis without its notebook dependencies
+# (jupyterlab, pytest) and what its analysis imports, ~5 s with uv. If it cannot be built, that one
+# test skips and says why.
+HTA_VENV := .venv-hta
+HTA_DEPS := "pandas<3" numpy networkx plotly pydot psutil pyyaml
+hta: $(HTA_VENV)/.ok
+$(HTA_VENV)/.ok: | $(STAMP)
+	@rm -rf $(HTA_VENV) && $(PYTHON) -m venv $(HTA_VENV) && \
+	if [ -x $(VENV)/bin/uv ]; then install="$(VENV)/bin/uv pip install -q --python $(HTA_VENV)/bin/python $$($(PY) .ci/pip_sources.py)"; \
+	else install="$(HTA_VENV)/bin/python -m pip install -q --disable-pip-version-check"; fi; \
+	($$install --no-deps "HolisticTraceAnalysis==0.5.0" && $$install $(HTA_DEPS) && touch $@ \
+	 && echo "built $(HTA_VENV): HTA's critical path, the step graph's reference") \
+	|| echo "$(HTA_VENV) could not be built: the HTA critical-path comparison will skip and say why"
+
 docs: venv
 	$(PY) docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 	@echo "docs: build/site/index.html"
 
 clean:
-	rm -rf $(VENV) runs perfkit-runs
+	rm -rf $(VENV) $(HTA_VENV) runs perfkit-runs

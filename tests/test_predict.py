@@ -145,11 +145,16 @@ def test_the_h200_step_replays_and_is_bound_by_its_host():
         assert replay(slow_host)[0] - g.measured_us > 0.5 * main
 
 
-def test_a_trace_without_steps_is_one_line(tmp_path):
-    bad = tmp_path / "t.json"
-    bad.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1, "dur": 2,
-                                                "pid": 1, "tid": 1}]}))
-    with pytest.raises(BadInputError, match="no ProfilerStep#N"):
+def test_a_trace_without_steps_is_one_window_and_one_without_host_events_is_one_line(tmp_path):
+    one = tmp_path / "t.json"
+    one.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": n, "cat": "cpu_op", "ts": ts, "dur": 2, "pid": 1, "tid": 1}
+                                               for n, ts in (("aten::mm", 1), ("aten::add", 5))]}))
+    (g,) = step_graphs(one)
+    assert g.step == -1 and g.window == "whole trace" and g.measured_us == 6 and replay_error(g) == 0
+    bad = tmp_path / "gpu_only.json"
+    bad.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "k", "cat": "kernel", "ts": 1, "dur": 2,
+                                                "pid": 0, "tid": 7, "args": {"stream": 7}}]}))
+    with pytest.raises(BadInputError, match="no host events"):
         step_graphs(bad)
 
 

@@ -10,8 +10,11 @@ a measured dependency graph).
 **DDP** (PyTorch's ``DistributedDataParallel``, Li et al., VLDB 2020, §3.2): gradients are
 all-reduced in buckets of ``bucket_cap_mb`` (the first bucket 1 MiB,
 ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``), in reverse parameter order, each launched when
-its gradients are ready; the optimizer waits for the last. Assumed: gradients become ready evenly
-in bytes over the measured backward.
+its gradients are ready (after the device task that produced them has ended); what runs after
+backward waits for the last, where ``Reducer::finalize_backward`` waits (``torch/csrc/distributed/c10d/
+reducer.cpp``): GradScaler's ``unscale_`` and ``clip_grad_norm_`` cannot overlap it. A base traced
+with DDP on one rank keeps its own all-reduces (gloo spans, or NCCL/RCCL kernels), re-costed.
+Assumed: gradients become ready evenly in bytes over the measured backward.
 
 **ZeRO-3** (Rajbhandari et al., SC 2020, §5.3; as FSDP2's ``fully_shard`` per block and the root,
 Zhao et al., VLDB 2023): each unit's parameters are all-gathered before its forward and again
@@ -23,7 +26,9 @@ backward spend equal time per block; all-gathers and reduce-scatters each on a l
 **TP** (Megatron-LM, Shoeybi et al. 2019, §3: a block's attention and MLP each a column-parallel
 projection then a row-parallel one): the base's compute in forward and backward is divided by the
 tensor-parallel degree t, but for the ops a Megatron plan leaves replicated (norms, embeddings, the
-loss: by name, :data:`_REPLICATED`), and each block adds two all-reduces of the activations
+loss: by the aten op a task ran under, a kernel by its launch's, :data:`_REPLICATED`; an RMSNorm
+written as ``pow``/``mean``/``mul`` ops, as Hugging Face's is, cannot be told from the rest and is
+divided), and each block adds two all-reduces of the activations
 (tokens × hidden × activation bytes) in forward, after its attention and after its MLP, and two in
 backward (the input gradients of the column-parallel projections), each on the critical path: the
 next compute waits for it. The optimizer steps 1/t of the parameters. The batch is the base's on
@@ -46,16 +51,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfkit.analyse.network_model import NetworkModel
-from perfkit.analyse.step_graph import COMM, DEVICE, HOST, StepGraph, replay
+from perfkit.analyse.step_graph import COMM, DEVICE, HOST, ISSUE, LAUNCH, THREAD, WAIT, StepGraph, replay
 from perfkit.core.errors import BadInputError
 
 __all__ = ["LAYOUTS", "ModelFacts", "Prediction", "what_if"]
 
 LAYOUTS = ("ddp", "zero3", "tp")
-#: Ops a Megatron plan does not shard (their time is kept under TP): by name, CPU ops and GPU kernels.
-_REPLICATED = re.compile(r"norm|embedding|cross_entropy|nll_loss|log_softmax", re.IGNORECASE)
+#: Ops a Megatron plan does not shard (their time is kept under TP): by the aten op a task ran under.
+_REPLICATED = re.compile(r"norm|embedding|cross_?entropy|nll_?loss|log_?softmax", re.IGNORECASE)
 _FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-_EPS_US = 1e-3  # orders an added collective just before what waits for it
 
 
 @dataclass(frozen=True)
@@ -101,25 +105,34 @@ class Prediction:
 
 
 def _compute_nodes(g: StepGraph) -> list[int]:
-    """What the collectives wait for and what waits for them: the device's tasks where the step
-    ran on a device, else the host's leaves (on a CPU the ops are the compute)."""
-    order = g.order()
-    return [i for i in order if g.kind[i] == DEVICE] or [i for i in order if g.kind[i] == HOST]
+    """What the collectives wait for and what waits for them, in issue order: the device's tasks
+    (not its communication kernels) where the step ran on a device, else the host's leaves (on a
+    CPU the ops are the compute)."""
+    device = [i for i in range(len(g)) if g.kind[i] == DEVICE and not g.is_comm(i)]
+    nodes = device or [i for i in range(len(g)) if g.kind[i] == HOST]
+    return sorted(nodes, key=lambda i: (_time_key(g, i), i))
 
 
 def _time_key(g: StepGraph, i: int) -> float:
     """When a compute node was issued: a device task by its launch, a host leaf by its start."""
-    if g.kind[i] == DEVICE and g.issue[i] >= 0:
-        return g.start_measured_us[g.issue[i]]
+    if g.kind[i] == DEVICE:
+        launch = [g.src[e] for e in g.edges_into(i, LAUNCH)]
+        if launch:
+            return g.start_measured_us[launch[0]]
     return g.start_measured_us[i]
 
 
 class _Editor:
+    """Adds a layout's collectives to a copy of the base graph, each with the edges it has: after
+    the task that produced what it carries (its device-side end, in the replay's topological order)
+    and before the task that waits for it."""
+
     def __init__(self, g: StepGraph):
         self.g = copy.deepcopy(g)
         self.nodes = _compute_nodes(self.g)
-        self.keys = np.array([_time_key(self.g, i) for i in self.nodes])
+        self.keys = np.array([_time_key(self.g, i) for i in self.nodes])  # sorted: anchors across streams
         self.added: list[int] = []
+        self.producer: dict[int, int] = {}
 
     def before(self, t_us: float) -> int:
         """The last compute node issued at or before ``t_us`` (the first one if none)."""
@@ -134,24 +147,26 @@ class _Editor:
     def collective(self, *, op: str, lane: str, size_bytes: float, world_size: int, network: NetworkModel,
                    after: int | None, at_us: float) -> int:
         lane_nodes = [i for i in self.added if self.g.lane[i] == lane]
-        prev = lane_nodes[-1] if lane_nodes else -1
-        when = max(at_us, self.g.start_measured_us[prev] + _EPS_US if prev >= 0 else at_us)
-        n = self.g.add(name=f"{op} {size_bytes:.0f} B", kind=COMM, lane=lane, start_us=when,
-                       dur_us=network.time_s(op, size_bytes, world_size) * 1e6, lane_prev=prev,
-                       waits=[(after, 0.0)] if after is not None else [], op=op, nbytes=size_bytes)
-        # Issued by ``after`` (and waiting for its end): in a re-costed replay it starts when that
-        # task ends, not at its measured time (what a lane's first task without an issuer does).
-        self.g.issue[n], self.g.issue_offset_us[n] = (after, 0.0) if after is not None else (-1, 0.0)
+        n = self.g.add(name=f"{op} {size_bytes:.0f} B", kind=COMM, lane=lane, start_us=at_us,
+                       dur_us=network.time_s(op, size_bytes, world_size) * 1e6,
+                       release_us=at_us if after is None else -np.inf, op=op, nbytes=size_bytes)
+        if lane_nodes:  # one lane runs its collectives in order
+            self.g.edge(lane_nodes[-1], n, THREAD)
+        if after is not None:  # starts when its producer's work has ended, where the replay puts that
+            self.g.edge(after, n, ISSUE)
+            self.producer[n] = after
         self.added.append(n)
         return n
 
     def wait(self, node: int | None, collective: int) -> None:
         if node is None:
             return
-        self.g.waits[node].append((collective, 0.0))
-        # Ordered before its waiter: an added task's measured start is its ready time.
-        self.g.start_measured_us[collective] = min(self.g.start_measured_us[collective],
-                                                  self.g.start_measured_us[node] - _EPS_US)
+        if self.producer.get(collective) == node:  # a task cannot wait for what it produces: the next one does
+            k = self.nodes.index(node) + 1
+            if k >= len(self.nodes):
+                return
+            node = self.nodes[k]
+        self.g.edge(collective, node, WAIT)
 
     def scale(self, nodes, factor: float) -> None:
         for i in nodes:
@@ -177,7 +192,8 @@ def _ddp(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
         size = min(left, _FIRST_BUCKET_BYTES if not sizes else cap)
         sizes.append(size)
         left -= size
-    measured = [i for i in e.g.order() if e.g.kind[i] == COMM and e.g.op[i] == "all_reduce"]
+    measured = sorted((i for i in range(len(e.g)) if e.g.is_comm(i) and e.g.op[i] == "all_reduce"),
+                      key=lambda i: (e.g.start_measured_us[i], i))
     if measured:  # the wrapper ran on one rank: its all-reduces as issued, re-costed at p ranks
         share = [total / len(measured)] * len(measured) if len(measured) != len(sizes) else sizes
         for i, size in zip(measured, share):
@@ -195,11 +211,14 @@ def _ddp(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
             last = e.collective(op="all_reduce", lane="ddp all_reduce", size_bytes=size, world_size=p, network=net,
                                 after=e.before(ready), at_us=ready)
         how = "added as the gradients become ready: evenly in bytes over the measured backward"
-    waiter = e.after(opt[0] if opt else b1)
-    if waiter is not None and e.g.start_measured_us[waiter] > e.g.start_measured_us[last]:
+    # Reducer::finalize_backward waits for every bucket at the end of backward: what runs after it
+    # (GradScaler's unscale_, clip_grad_norm_, the optimizer) cannot overlap the last all-reduce.
+    waiter = e.after(b1)
+    if waiter is not None and waiter not in measured:
         e.wait(waiter, last)
     return [f"DDP: {how}; {len(sizes)} gradient buckets ({total / 2**20:.3g} MiB of {facts.grad_bytes}-byte gradients, "
-            f"first 1 MiB then {facts.bucket_cap_mb:g} MiB); the optimizer waits for the last"]
+            f"first 1 MiB then {facts.bucket_cap_mb:g} MiB); the first task after backward waits for the last "
+            "(Reducer::finalize_backward)"]
 
 
 def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str]:
@@ -240,7 +259,7 @@ def _tp(e: _Editor, facts: ModelFacts, t: int, net: NetworkModel) -> list[str]:
         raise BadInputError("TP needs the activations' width: the rows have no model_hidden_size or model_d_model")
     blocks = facts.n_blocks or 1
     size = facts.tokens_per_rank * facts.hidden_size * facts.act_bytes
-    sharded = [i for i in e.nodes if f0 <= _time_key(e.g, i) <= b1 and not _REPLICATED.search(e.g.names[i])]
+    sharded = [i for i in e.nodes if f0 <= _time_key(e.g, i) <= b1 and not _REPLICATED.search(e.g.aten[i])]
     kept = sum(e.g.dur_us[i] for i in e.nodes if f0 <= _time_key(e.g, i) <= b1) - sum(e.g.dur_us[i] for i in sharded)
     e.scale(sharded, 1.0 / t)
     if opt:
@@ -251,7 +270,7 @@ def _tp(e: _Editor, facts: ModelFacts, t: int, net: NetworkModel) -> list[str]:
     for at in points:
         ar = e.collective(op="all_reduce", lane="tp all_reduce", size_bytes=size, world_size=t, network=net,
                           after=e.before(at), at_us=at)
-        e.wait(e.after(at + _EPS_US), ar)
+        e.wait(e.after(at), ar)
     return [f"TP: forward and backward compute divided by {t} but {kept / 1e3:.3g} ms of norms, embeddings and the "
             f"loss (replicated); the optimizer's by {t}",
             f"TP: {4 * blocks} all-reduces of {size / 2**20:.3g} MiB ({facts.tokens_per_rank:g} tokens x "

@@ -93,6 +93,11 @@ class TraceEvents:
     op_args: dict = field(default_factory=dict)
     """Row → ``{"dims", "types", "strides", "concrete"}`` of each ``cpu_op`` with recorded shapes
     (read with ``op_args=True``; empty otherwise)."""
+    sync_args: dict = field(default_factory=dict)
+    """Row → ``(cuda_sync_kind, wait_on_stream, wait_on_cuda_event_record_corr_id)`` of each
+    ``cuda_sync`` event (Kineto records them with ``experimental_config`` sync events, or by
+    default since PyTorch 2.4 on CUDA): which stream and which ``cudaEventRecord`` a wait or a
+    synchronisation waited for (-1 where the trace does not say)."""
 
     def __len__(self) -> int:
         return len(self.ts_us)
@@ -269,6 +274,7 @@ def _read(src: _Source, round_to_us: bool = False, op_args: bool = False) -> Tra
     saw_events = False
     any_fractional_ts = False
     args_of_ops: dict[int, dict] = {}
+    sync_args: dict[int, tuple] = {}
     flows: dict[str, set] = {"s": set(), "f": set()}
     src.expect("{")
     if src.skip_ws() == "}":
@@ -281,7 +287,7 @@ def _read(src: _Source, round_to_us: bool = False, op_args: bool = False) -> Tra
         if key == "traceEvents":
             saw_events = True
             any_fractional_ts |= _read_events(src, cols, names, other_ids, process_names, thread_names,
-                                              args_of_ops if op_args else None, flows)
+                                              args_of_ops if op_args else None, flows, sync_args)
         else:
             value = src.value()
             if key in _META_KEYS:
@@ -318,13 +324,13 @@ def _read(src: _Source, round_to_us: bool = False, op_args: bool = False) -> Tra
         rounded_to_us=any_fractional_ts and round_to_us,
         process_names=process_names, thread_names=thread_names,
         distributed_info=info, device_properties=props if isinstance(props, list) else [],
-        op_args=args_of_ops,
+        op_args=args_of_ops, sync_args=sync_args,
         flow_ids=np.array(sorted(i for i in flows["s"] & flows["f"] if type(i) is int), dtype=np.int64),
     )
 
 
 def _read_events(src, cols, names, other_ids, process_names, thread_names, args_of_ops=None,
-                 flows=None) -> bool:
+                 flows=None, sync_args=None) -> bool:
     """Consume the ``traceEvents`` array into ``cols`` (and each ``cpu_op``'s shapes into
     ``args_of_ops`` when given); True when some ts is fractional or missing."""
     src.expect("[")
@@ -373,6 +379,9 @@ def _read_events(src, cols, names, other_ids, process_names, thread_names, args_
             stream = corr = ext = -1
         if args_of_ops is not None and cat == "cpu_op" and type(args) is dict and "Input Dims" in args:
             args_of_ops[len(cols.ts)] = {short: args.get(key) for key, short in _OP_ARG_KEYS}
+        if sync_args is not None and cat == "cuda_sync" and type(args) is dict:
+            sync_args[len(cols.ts)] = (str(args.get("cuda_sync_kind", name)), _int_or(args.get("wait_on_stream", -1)),
+                                       _int_or(args.get("wait_on_cuda_event_record_corr_id", -1)))
         try:
             ts_a(ts)
             dur_a(dur)
