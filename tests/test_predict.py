@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from perfkit.analyse.network_model import ring_hops
 from perfkit.ingest.network import read_network
 from perfkit.analyse.predict import ModelFacts, what_if
-from perfkit.analyse.step_graph import COMM, DEVICE, HOST, replay, replay_error, step_graphs
+from perfkit.analyse.step_graph import COMM, DEVICE, HOST, replay, replay_error
+from perfkit.analyse.trace.graph import step_graphs
 from perfkit.core.errors import BadInputError
 
 REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -104,7 +107,7 @@ def test_a_launch_or_a_gloo_call_inside_an_op_stays_a_task_of_its_own():
     op 12–18 µs with a sliver of a child 13–13.5 µs is one task either way."""
     import numpy as np
 
-    from perfkit.analyse.step_graph import _leaves
+    from perfkit.analyse.trace.windows import leaves as _leaves
 
     ts, end = np.array([0.0, 1.0, 12.0, 13.0]), np.array([10.0, 2.0, 18.0, 13.5])
     assert list(_leaves(ts, end)) == [0, 2]
@@ -207,7 +210,7 @@ def test_ddp_on_a_cpu_step_exposes_its_last_bucket_and_a_faster_network_hides_it
     assert 0 <= overlap_s < t_ar / 2
     assert p.exposed_comm_s == pytest.approx(t_ar - overlap_s, abs=1e-6)
     assert p.step_s == pytest.approx(base + p.exposed_comm_s, rel=1e-6)
-    assert p.scaling_efficiency == pytest.approx(base / p.step_s)
+    assert p.weak_scaling_efficiency == pytest.approx(base / p.step_s) and math.isnan(p.strong_scaling_efficiency)
     fast = what_if(g, layout="ddp", world_size=4, network=_net_from(1e-9, 1e15), facts=facts)
     assert fast.step_s == pytest.approx(base, rel=1e-3)
     # More ranks, more hops: never faster.
@@ -246,7 +249,7 @@ def test_tp_divides_the_sharded_compute_and_waits_for_four_activation_all_reduce
     assert 0 < sharded and fast.collectives == 4 * CPU_FACTS["n_blocks"]
     assert fast.step_s == pytest.approx(base - 0.75 * (sharded + optimizer) / 1e6, rel=0.01)
     assert fast.tokens_per_s == pytest.approx(CPU_FACTS["tokens_per_rank"] / fast.step_s)  # one replica
-    assert fast.scaling_efficiency == pytest.approx(base / (4 * fast.step_s))
+    assert fast.strong_scaling_efficiency == pytest.approx(base / (4 * fast.step_s)) and math.isnan(fast.weak_scaling_efficiency)
     # A slow network: every all-reduce (128 tokens x 64 x 4 B) is on the critical path.
     slow_net = _net_from(1e-3, 1e9)
     slow = what_if(g, layout="tp", world_size=4, network=slow_net, facts=facts)
@@ -447,7 +450,7 @@ def test_a_pipeline_prediction_reproduces_its_base_and_scales_by_narayanans_slot
     assert deep.step_s == pytest.approx(23 * (0.0075 + 0.002) + 0.0025)
     assert deep.bubble_s == pytest.approx(7 * 0.0075) and deep.exposed_comm_s == pytest.approx(23 * 0.002)
     assert deep.tokens_per_s == pytest.approx(16 * 2 * 64 / deep.step_s)
-    assert deep.scaling_efficiency == pytest.approx((16 * 0.0075 + 0.0025) / deep.step_s)
+    assert deep.busy_share == pytest.approx((16 * 0.0075 + 0.0025) / deep.step_s)
     # Interleaving two stages per rank halves a slot's compute and doubles the slots that do work.
     inter = predict_pipeline(base, ranks=8, microbatches=16, schedule="Interleaved1F1B", stages_per_rank=2)
     assert inter.bubble_s == pytest.approx(deep.bubble_s / 2)
@@ -492,3 +495,125 @@ def test_a_traced_target_is_the_check_like_with_like(cpu_trace, tmp_path):
     assert ddp2["measured_under_profiler"] is True and ddp2["measured_ms"] == pytest.approx(traced_ms)
     assert ddp2["measured_unprofiled_ms"] == pytest.approx(50.0)
     assert ddp2["error"] == pytest.approx(ddp2["step_ms"] / traced_ms - 1)
+
+
+def test_a_base_that_does_not_replay_is_refused_and_forced_predictions_are_marked(cpu_trace, tmp_path, monkeypatch, capsys):
+    """A traced step 25 % longer than its graph explains (a dependency the graph misses): predictions
+    from it are refused with that figure (exit 2); --force shows them, each marked."""
+    import perfkit.analyse.trace.graph as sg
+    from perfkit.cli import main
+
+    runs, net = _folders(tmp_path, cpu_trace)
+    real = sg.step_graphs
+
+    def unexplained(path, *a, **kw):
+        graphs = real(path, *a, **kw)
+        for g in graphs:
+            g.measured_us *= 1.25
+        return graphs
+    monkeypatch.setattr(sg, "step_graphs", unexplained)
+    assert main(["predict", str(runs), "--world-sizes", "2", "--network", str(net)]) == 2
+    err = capsys.readouterr().err
+    assert "replays -20.0 % off its measured step" in err and "--force" in err and len(err.strip().splitlines()) == 1
+    assert main(["predict", str(runs), "--world-sizes", "2", "--network", str(net), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("FORCED: the base replays -20.0 % off its step") == 2  # ddp and zero3
+    monkeypatch.setattr(sg, "step_graphs", real)
+    assert main(["predict", str(runs), "--world-sizes", "2", "--network", str(net)]) == 0
+    assert "FORCED" not in capsys.readouterr().out
+
+
+def _gpu_bound(g, factor=20.0):
+    """The H200 step with every GPU task ``factor`` times as long: the device far behind the host."""
+    slow = copy.deepcopy(g)
+    slow.dur_us = [d * factor if k == DEVICE else d for d, k in zip(g.dur_us, g.kind)]
+    return slow
+
+
+def test_an_added_collective_starts_after_the_device_task_that_produced_its_gradients():
+    """On a step whose GPU runs far behind its host, an all-reduce is ready when its producer's
+    kernel has ended on the device, not when the host launched it (the replay's topological order;
+    a replay in measured start order started it 12 ms early)."""
+    from perfkit.analyse.predict import _ddp, _Editor
+    from perfkit.analyse.step_graph import ISSUE
+
+    _need(H200_TRACE)
+    g = _gpu_bound(step_graphs(H200_TRACE)[0])
+    e = _Editor(g)
+    _ddp(e, ModelFacts(n_params=int(400e6), grad_bytes=2), 8, _net_from(5e-6, 1e11))
+    _, start, end = replay(e.g)
+    producers = [(n, e.g.src[k]) for n in e.added for k in e.g.edges_into(n, ISSUE)]
+    assert len(producers) == len(e.added) > 10
+    for n, producer in producers:
+        assert e.g.kind[producer] == DEVICE
+        assert start[n] >= end[producer] - 1e-6
+    lag_ms = max(end[p] - e.g.start_measured_us[p] for _, p in producers) / 1e3
+    assert lag_ms > 10  # the device ran behind: host-side ready times would have been early
+
+
+def test_ddp_waits_where_finalize_backward_does_and_anchors_hold_across_streams(tmp_path):
+    """clip_grad_norm_ between backward and the optimizer waits for the last bucket, as
+    Reducer::finalize_backward makes it: the wait is on its first op, not the optimizer's."""
+    from perfkit.analyse.predict import _ddp, _Editor, _time_key
+    from perfkit.analyse.step_graph import WAIT
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 64)
+    path = tmp_path / "clip.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=1),
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            prof.step()
+    (g,) = step_graphs(path)
+    e = _Editor(g)
+    _ddp(e, ModelFacts(n_params=sum(p.numel() for p in model.parameters())), 4, _net_from(1e-4, 1e9))
+    (w,) = [k for k in range(len(e.g.src)) if e.g.edge_kind[k] == WAIT]
+    b1, (o0, _) = g.phases["backward"][1], g.phases["optimizer"]
+    waiter = e.g.dst[w]
+    assert b1 <= _time_key(e.g, waiter) < o0  # clip_grad_norm_'s first op, before the optimizer
+    assert not [i for i in e.nodes if b1 <= _time_key(e.g, i) < _time_key(e.g, waiter)]
+    # Four streams (the 2-rank NCCL trace): the anchors are in issue order, whatever stream runs them.
+    path = REF / "traces" / "trace_diff" / "test.json.gz"
+    _need(path)
+    m = _Editor(step_graphs(path)[0])
+    assert len({m.g.lane[i] for i in m.nodes}) >= 3
+    assert (np.diff(m.keys) >= 0).all()
+    t = float(np.median(m.keys))
+    assert _time_key(m.g, m.before(t)) <= t <= _time_key(m.g, m.after(t))
+
+
+def test_tp_keeps_the_ops_a_megatron_plan_replicates_by_their_aten_op():
+    """On the H200 step the loss's kernels (log_softmax and its backward, cross_entropy, nll_loss)
+    and the embedding's backward are kept whole; by kernel name only some of them were."""
+    from perfkit.analyse.predict import _REPLICATED
+
+    _need(H200_TRACE)
+    g = step_graphs(H200_TRACE)[0]
+    kept = {g.aten[i] for i in range(len(g)) if g.kind[i] == DEVICE and _REPLICATED.search(g.aten[i])}
+    assert {"autograd::engine::evaluate_function: LogSoftmaxBackward0", "aten::cross_entropy_loss",
+            "autograd::engine::evaluate_function: EmbeddingBackward0"} <= kept
+    kept_us = sum(g.dur_us[i] for i in range(len(g)) if g.kind[i] == DEVICE and _REPLICATED.search(g.aten[i]))
+    by_name_us = sum(g.dur_us[i] for i in range(len(g)) if g.kind[i] == DEVICE and _REPLICATED.search(g.names[i]))
+    assert kept_us > by_name_us + 300  # the softmax kernels (cunn_SoftMax*) were divided by name
+
+
+def test_rccl_kernels_of_a_ddp_base_are_communication_and_re_costed():
+    """ResNet on an MI300X, rank 0 of 8 with RCCL: its ncclDevKernel_Generic kernels are the
+    collectives their nccl:* annotations name, and DDP re-costs them."""
+    path = REF / "field-traces" / "tracelens" / "mi300" / "resnet_act_checkpoint.json.gz"
+    _need(path)
+    g = step_graphs(path)[0]
+    comm = [i for i in range(len(g)) if g.is_comm(i)]
+    assert {g.op[i] for i in comm} == {"all_reduce", "broadcast"} and all(g.kind[i] == DEVICE for i in comm)
+    facts = ModelFacts(n_params=int(25.6e6), n_blocks=16, tokens_per_rank=64)
+    fast = what_if(g, layout="ddp", world_size=8, network=_net_from(1e-9, 1e15), facts=facts)
+    slow = what_if(g, layout="ddp", world_size=8, network=_net_from(1e-3, 1e9), facts=facts)
+    assert fast.collectives == slow.collectives == 2  # its own all-reduces, re-costed
+    assert slow.comm_s > 100 * fast.comm_s and slow.step_s > fast.step_s

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from perfkit.analyse.step_graph import (DEVICE, EVENT_WAIT, HOST, LAUNCH, STREAM, SYNC, critical_path,
-                                        critical_path_length_us, replay, replay_error, step_graphs)
+                                        critical_path_length_us, replay, replay_error)
+from perfkit.analyse.trace.graph import step_graphs
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT.parent / "shared" / "reference"
@@ -217,7 +218,7 @@ def test_the_critical_path_is_as_long_as_htas_own_on_its_traces():
     if not (ROOT / ".venv-hta" / ".ok").exists():
         pytest.skip(".venv-hta is absent: `make hta` (part of `make test`) builds HTA's own critical path")
     run = subprocess.run([str(HTA_PYTHON), str(ROOT / "tests" / "reference_tools" / "hta_critical_path.py"),
-                          *[str(x) for w in HTA_WINDOWS for x in w]], capture_output=True, text=True, timeout=300)
+                          *[str(x) for w in HTA_WINDOWS for x in w]], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     theirs = json.loads(run.stdout)
     for (path, annotation, k), ref in zip(HTA_WINDOWS, theirs):

@@ -51,6 +51,9 @@ class Link:
     bus_bytes_per_s: float
     world_size: int
     note: str
+    min_size_bytes: float = math.nan
+    max_size_bytes: float = math.nan
+    """The message sizes the fit measured: a prediction outside them is flagged (:meth:`NetworkModel.size_flag`)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,20 @@ class NetworkModel:
                     "links past them (more nodes, another switch tier) are assumed as fast")
         return None
 
+    def size_flag(self, op: str, size_bytes: float) -> str | None:
+        """Why ``size_bytes`` of ``op`` is outside what the network measured, or None."""
+        link = self.links.get(op) or self.links.get("all_gather" if op == "reduce_scatter" else "reduce_scatter") \
+            or self.links.get("all_reduce")
+        if link is None or not (link.min_size_bytes == link.min_size_bytes):
+            return None
+        if size_bytes < link.min_size_bytes:
+            return (f"{size_bytes / 2**20:.3g} MiB is {link.min_size_bytes / size_bytes:.3g}x below the smallest {link.op} "
+                    f"measured ({link.min_size_bytes / 2**20:.3g} MiB): latency-bound there, its α extrapolated")
+        if size_bytes > link.max_size_bytes:
+            return (f"{size_bytes / 2**20:.3g} MiB is {size_bytes / link.max_size_bytes:.3g}x above the largest {link.op} "
+                    f"measured ({link.max_size_bytes / 2**20:.3g} MiB)")
+        return None
+
     def assumptions(self) -> list[str]:
         out = [f"collectives: ring costs (Thakur, Rabenseifner & Gropp 2005) from {self.source}"]
         out += [f"{op}: {link.note}" for op, link in self.links.items()]
@@ -118,13 +135,22 @@ def _links_from_fits(fits: pd.DataFrame, source: str) -> dict[str, Link]:
         a, c = float(row["model_alpha_s"]), float(row["model_time_per_byte_s"])
         if not (c > 0 and math.isfinite(c)):
             continue
-        resolved = [name for name, flag in (("α", row["alpha_resolved"]), ("B", row["beta_resolved"])) if not flag]
+        lo, hi = float(row["min_size_bytes"]), float(row["max_size_bytes"])
+        how = ""
+        if not bool(row["alpha_resolved"]):
+            # The sizes measured do not resolve the latency: the fit's intercept is an artefact. The
+            # smallest message's measured time bounds it (what alpha_upper_s is, commfit); used as such.
+            bound = row.get("alpha_upper_s")
+            bound = float(bound) if bound is not None and bound == bound else float(row.get("smallest_size_time_s", a))
+            a = min(max(a, 0.0), bound) if a == a else bound
+            how = (f"; α not resolved by the {lo / 2**20:.3g}-{hi / 2**20:.3g} MiB measured: bounded by the smallest "
+                   f"message's time, {bound * 1e6:.3g} us (an upper bound on small messages' latency)")
+        if not bool(row["beta_resolved"]):
+            how += "; B not resolved by the sizes measured: the fit's curve is used"
         note = (f"α {a / ring_hops(op, p0) * 1e6:.3g} us a hop, bus {busbw_factor(op, p0) / c / 1e9:.3g} GB/s, "
-                f"fitted at {p0} ranks over {row['min_size_bytes']:.3g}-{row['max_size_bytes']:.3g} B")
-        if resolved:
-            note += f" ({' and '.join(resolved)} not resolved by the sizes measured: the fit's curve is used)"
-        links[str(op)] = Link(op=str(op), alpha_hop_s=a / ring_hops(op, p0),
-                              bus_bytes_per_s=busbw_factor(op, p0) / c, world_size=p0, note=note)
+                f"fitted at {p0} ranks over {lo:.3g}-{hi:.3g} B" + how)
+        links[str(op)] = Link(op=str(op), alpha_hop_s=a / ring_hops(op, p0), bus_bytes_per_s=busbw_factor(op, p0) / c,
+                              world_size=p0, note=note, min_size_bytes=lo, max_size_bytes=hi)
     return links
 
 

@@ -51,10 +51,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfkit.analyse.network_model import NetworkModel
-from perfkit.analyse.step_graph import COMM, DEVICE, HOST, ISSUE, LAUNCH, THREAD, WAIT, StepGraph, replay
+from perfkit.analyse.step_graph import (
+    COMM,
+    DEVICE,
+    HOST,
+    ISSUE,
+    LAUNCH,
+    THREAD,
+    WAIT,
+    StepGraph,
+    replay,
+)
 from perfkit.core.errors import BadInputError
 
-__all__ = ["LAYOUTS", "ModelFacts", "Prediction", "what_if"]
+__all__ = ["LAYOUTS", "ModelFacts", "Prediction", "median_prediction", "what_if"]
 
 LAYOUTS = ("ddp", "zero3", "tp")
 #: Ops a Megatron plan does not shard (their time is kept under TP): by the aten op a task ran under.
@@ -94,10 +104,13 @@ class Prediction:
     """Every added collective's time, overlapped or not."""
     collectives: int
     tokens_per_s: float
-    scaling_efficiency: float
-    """Base step ÷ predicted step (weak scaling: per-rank throughput kept); pipelines:
-    :mod:`.predict_pipeline`."""
     assumptions: list[str] = field(default_factory=list)
+    weak_scaling_efficiency: float = math.nan
+    """Data parallelism (each rank's batch kept): base step ÷ predicted step."""
+    strong_scaling_efficiency: float = math.nan
+    """TP (one replica's batch shared by t ranks): base step ÷ (t × predicted step)."""
+    busy_share: float = math.nan
+    """Pipelines: the share of the step a rank computes (:mod:`.predict_pipeline`)."""
     bubble_s: float = 0.0
     """Pipeline ranks idle in the schedule's fill and drain (0 for data parallelism)."""
     detail: dict = field(default_factory=dict)
@@ -298,7 +311,52 @@ def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkMo
     replicas = 1 if layout == "tp" else world_size  # TP: every rank works on the one replica's batch
     if layout != "tp":
         notes += [f"weak scaling: each rank's batch and compute as measured on one rank ({base.path})"]
-    return Prediction(layout=layout, world_size=world_size, step_s=step_s, compute_s=compute_s,
+    efficiency = base_s * replicas / (world_size * step_s)
+    sizes = _message_sizes(e, network)
+    notes += [f"{m['op']}: {m['outside']} of {m['count']} messages outside the sizes the network measured ({m['flag']})"
+              for m in sizes if m["outside"]]
+    return Prediction(detail={"message_sizes": sizes}, layout=layout, world_size=world_size, step_s=step_s, compute_s=compute_s,
                       exposed_comm_s=max(0.0, step_s - compute_s), comm_s=comm_s, collectives=len(e.added),
-                      tokens_per_s=facts.tokens_per_rank * replicas / step_s,
-                      scaling_efficiency=base_s * replicas / (world_size * step_s), assumptions=notes)
+                      tokens_per_s=facts.tokens_per_rank * replicas / step_s, assumptions=notes,
+                      weak_scaling_efficiency=efficiency if layout != "tp" else math.nan,
+                      strong_scaling_efficiency=efficiency if layout == "tp" else math.nan)
+
+
+def _message_sizes(e: _Editor, network: NetworkModel) -> list[dict]:
+    """Per collective op the layout added: how many, their size range, and how many lie outside the
+    sizes the network measured (with the farthest one's flag)."""
+    by_op: dict[str, list[float]] = {}
+    for i in e.added:
+        if e.g.bytes[i] == e.g.bytes[i]:
+            by_op.setdefault(str(e.g.op[i]), []).append(float(e.g.bytes[i]))
+    out = []
+    for op, sizes in by_op.items():
+        flags = [(network.size_flag(op, b), b) for b in sizes]
+        outside = [(f, b) for f, b in flags if f]
+        far = min(outside, key=lambda fb: fb[1])[0] if outside else None
+        out.append({"op": op, "count": len(sizes), "min_bytes": min(sizes), "max_bytes": max(sizes),
+                    "outside": len(outside), "flag": far})
+    return out
+
+
+def median_prediction(predictions: list[Prediction]) -> Prediction:
+    """One prediction from those of each traced step: each time the median of theirs (the mean of
+    the middle two for an even count), the exposed communication what the median step leaves over
+    the median compute; the rest from the step whose prediction is the median's lower neighbour."""
+    import statistics
+
+    if not predictions:
+        raise ValueError("no predictions to take the median of")
+    ordered = sorted(predictions, key=lambda p: p.step_s)
+    pick = ordered[(len(ordered) - 1) // 2]
+    med = {name: statistics.median(getattr(p, name) for p in predictions)
+           for name in ("step_s", "compute_s", "comm_s", "tokens_per_s", "weak_scaling_efficiency",
+                        "strong_scaling_efficiency", "busy_share", "bubble_s")}
+    out = copy.copy(pick)
+    for name, value in med.items():
+        setattr(out, name, value)
+    out.exposed_comm_s = max(0.0, out.step_s - out.compute_s)
+    if len(predictions) > 1:
+        out.assumptions = list(pick.assumptions) + [
+            f"the median of {len(predictions)} traced steps' predictions ({', '.join(f'{p.step_s * 1e3:.2f}' for p in ordered)} ms)"]
+    return out

@@ -121,5 +121,5 @@ def predict_pipeline(base: PipelineBase, *, ranks: int, microbatches: int | None
     return Prediction(layout="pp", world_size=ranks, step_s=step, compute_s=compute + rest,
                       exposed_comm_s=overhead, comm_s=overhead, collectives=2 * (ranks - 1) * m,
                       tokens_per_s=base.tokens_per_microbatch * m / step,
-                      scaling_efficiency=(compute + rest) / step, assumptions=notes, bubble_s=bubble,
+                      busy_share=(compute + rest) / step, assumptions=notes, bubble_s=bubble,
                       detail={"schedule": sched, "microbatches": m, "stages_per_rank": v})

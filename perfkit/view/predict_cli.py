@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from pathlib import Path
 
-import pandas as pd
-
+from ..analyse.prediction import REPLAY_TOLERANCE, label
 from ..core.errors import BadInputError
 
 __all__ = ["add_predict_command", "run_predict"]
@@ -44,16 +42,6 @@ other pipeline depths (--world-sizes), microbatch counts (--microbatches) and sc
 measured overhead per slot, plus the rest of the step; compute, bubble and overhead apart.
 """
 
-_ALIASES = {"ddp": ("ddp",), "zero3": ("zero3", "fsdp"), "tp": ("tp",)}
-_BASES = {"ddp": ("ddp", "none"), "zero3": ("zero3", "fsdp", "none"), "tp": ("none",)}
-
-
-def _batch(layout: str, per_rank: float, p: int) -> float:
-    """The global batch of ``layout`` at ``p`` ranks: data parallelism multiplies the per-rank batch,
-    TP's ranks share one replica's."""
-    return per_rank if layout == "tp" else per_rank * p
-
-
 def add_predict_command(sub, read_network, memory_checker) -> None:
     """Register ``perfkit predict``; ``read_network(path)`` reads ``--network`` and
     ``memory_checker(device, memory_bytes)`` makes the per-rank memory check (the CLI passes
@@ -76,6 +64,9 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
     p.add_argument("--device", metavar="NAME", help="beside each prediction, the peak memory per rank on fake tensors "
                    "(as perfkit fit) against this device's memory (h100, mi300x...): a prediction that does not fit says so")
     p.add_argument("--memory-bytes", metavar="SIZE", help="the device's memory, where --device is not in the spec table")
+    p.add_argument("--force", action="store_true",
+                   help="predict from a base whose graph replays its traced steps more than 5 %% off (refused "
+                        "otherwise, exit 2); every prediction from it is marked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--record", action="store_true",
                    help="also add the predictions to DIR as rows (workload prediction): the report draws them "
@@ -93,51 +84,9 @@ def _ints(text: str, flag: str = "--world-sizes") -> list[int]:
     return values
 
 
-def _facts(row: dict, blocks: int | None, notes: list[str]):
-    from ..analyse.predict import ModelFacts
-
-    def num(name):
-        value = row.get(name)
-        return float(value) if isinstance(value, (int, float)) and value == value else None
-
-    if num("n_params") is None:
-        raise BadInputError(f"{row.get('config_id')}: its rows have no n_params: not a training configuration")
-    layers = blocks or num("model_num_hidden_layers") or num("model_n_layers")
-    if layers is None:
-        layers = 1
-        if not any(n.startswith("blocks:") for n in notes):
-            notes.append("blocks: the rows do not say how many (model_n_layers, model_num_hidden_layers); ZeRO-3 "
-                         "costed as the root and one block: pass --blocks N")
-    precision = str(row.get("precision"))
-    half = ("bfloat16", "float16")
-    param_bytes = 2 if precision == "bf16-pure" or row.get("fsdp_param_dtype") in half else 4
-    grad_bytes = 2 if precision == "bf16-pure" or row.get("fsdp_reduce_dtype") in half else 4
-    per_rank = num("batch_size") / (num("world_size") or 1)
-    tokens = per_rank * (num("seq_len") or 1)
-    hidden = num("model_hidden_size") or num("model_d_model") or num("model_n_embd")
-    act_bytes = 2 if precision in ("bf16", "fp16", "bf16-pure", "fp8") else 4
-    return ModelFacts(hidden_size=int(hidden) if hidden else None, act_bytes=act_bytes, n_params=int(num("n_params")), n_params_non_embedding=int(num("n_params_non_embedding") or 0) or None,
-                      n_blocks=int(layers) if layers else None, param_bytes=param_bytes, grad_bytes=grad_bytes,
-                      bucket_cap_mb=num("bucket_cap_mb") or 25.0, tokens_per_rank=tokens), per_rank
-
-
-def _traced(rows: pd.DataFrame, directory: Path, trace: str | None, config: str | None):
-    from .trace_report import TracedRun, traced_runs
-
-    runs = traced_runs(rows, directory)
-    if config:
-        runs = [r for r in runs if r.config_id == config]
-    if trace:
-        if len({r.config_id for r in runs}) != 1:
-            raise BadInputError(f"--trace {trace}: name its configuration with --config (traced in {directory}: "
-                                f"{', '.join(sorted({r.config_id for r in runs})) or 'none'})")
-        r = runs[0]
-        runs = [TracedRun(config_id=r.config_id, run=r.run, paths=(Path(trace),), row=r.row)]
-    return runs
-
-
 def run_predict(args) -> int:
     from ..analyse.predict import LAYOUTS
+    from ..analyse.prediction import predict, record_predictions
     from ..core.results import load
 
     world_sizes = _ints(args.world_sizes)
@@ -158,216 +107,18 @@ def run_predict(args) -> int:
     network = args.read_network(args.network) if data_parallel else None
     check = (args.memory_checker(args.device, args.memory_bytes)
              if args.device or args.memory_bytes else None)
-    rows = load(directory)
-    predictions, notes, replays = [], [], []
-    if "pp" in layouts:
-        predictions += _pipeline(rows, directory, args, world_sizes, microbatches, notes)
-    if data_parallel:
-        replays, dp = _data_parallel(rows, directory, args, data_parallel, world_sizes, network, check, notes)
-        predictions += dp
-    result = {"replay": replays, "predictions": predictions,
-              "network": network.assumptions() if network is not None else [], "notes": notes}
-    if args.record and predictions:
-        result["recorded"] = str(_record(directory, predictions, network.source if network is not None else "-"))
+    result = predict(load(directory), directory, layouts=layouts, world_sizes=world_sizes, network=network,
+                     trace=args.trace, config=args.config, blocks=args.blocks, microbatches=microbatches,
+                     schedule=args.schedule, stages_per_rank=args.stages_per_rank, memory_check=check,
+                     force=args.force)
+    if args.record and result["predictions"]:
+        result["recorded"] = str(record_predictions(directory, result["predictions"],
+                                                    network.source if network is not None else "-"))
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
         print(_render(result))
     return 0
-
-
-def _pipeline(rows: pd.DataFrame, directory: Path, args, world_sizes, microbatches, notes) -> list[dict]:
-    """``--layout pp``: each (ranks, microbatches) from the base pipeline configuration."""
-    from ..analyse.pipeline_bubble import point_reason
-    from ..analyse.predict_pipeline import pipeline_base, predict_pipeline
-
-    pp = rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")] if "parallelism" in rows else rows.iloc[:0]
-    if args.config:
-        pp = pp[pp["config_id"] == args.config]
-    if pp.empty:
-        raise BadInputError(f"{directory}: no ok pipeline configuration{' ' + args.config if args.config else ''} to "
-                            "predict from: run train_step.ipynb with -p parallelism pp")
-    # The base: the most ranks, then the most microbatches (the most of the schedule measured).
-    candidates = pp.sort_values(["world_size", "n_microbatches", "config_id"], ascending=[False, False, True])
-    row = candidates.groupby("config_id", sort=False).median(numeric_only=True).iloc[0].to_dict()
-    first = candidates.iloc[0].to_dict()
-    row.update({k: first[k] for k in ("config_id", "parallelism", "pp_schedule", "model", "precision") if k in first})
-    base = pipeline_base(row)
-    out = []
-    for p in world_sizes:
-        for m in microbatches:
-            why = point_reason(args.schedule or base.schedule, p, m or base.microbatches)
-            if why is not None:
-                notes.append(f"pp at {p} ranks: not predicted: {why}")
-                continue
-            pred = predict_pipeline(base, ranks=p, microbatches=m, schedule=args.schedule,
-                                    stages_per_rank=args.stages_per_rank)
-            d = pred.detail
-            measured = _measured_pp(rows, first, p, d["microbatches"], d["schedule"], base.microbatch_size)
-            entry = _entry(pred, f"{base.config_id}/pp", measured, None)
-            entry.update(schedule=d["schedule"], microbatches=d["microbatches"])
-            if not measured:
-                entry["extrapolation"] = (f"no measured {d['schedule']} point at {p} ranks and {d['microbatches']} "
-                                          f"microbatches; the base has {base.ranks} ranks and {base.microbatches}")
-            out.append(entry)
-    notes.append(f"pp: base {base.config_id} (median of its rows: step {base.step_s * 1e3:.2f} ms, window "
-                 f"{base.window_s * 1e3:.2f} ms)")
-    if str(first.get("device")) == "cpu" and any(e["world_size"] != base.ranks for e in out):
-        notes.append(f"pp: the base ran on CPU, its {base.ranks} rank(s) sharing the host's cores: a stage's compute there "
-                     "is not what it costs on a device of its own, so predictions at other rank counts hold for ranks "
-                     "with a device each, not for more ranks on this host")
-    return out
-
-
-def _measured_pp(rows, base: dict, p: int, m: int, schedule: str, microbatch: float) -> float | None:
-    same = _same_workload(rows[(rows.get("parallelism") == "pp") & (rows.get("status") == "ok")], base)
-    hit = same[(same["world_size"] == p) & (same["n_microbatches"] == m) & (same["pp_schedule"] == schedule)
-               & (same["batch_size"] == round(microbatch * m))]
-    hit = hit[hit["step_time_s"].notna()]
-    return float(hit["step_time_s"].median()) if len(hit) else None
-
-
-def _entry(pred, base: str, measured: float | None, extrapolation: str | None) -> dict:
-    return {"layout": pred.layout, "world_size": pred.world_size, "base": base,
-            "step_ms": pred.step_s * 1e3, "tokens_per_s": pred.tokens_per_s,
-            "scaling_efficiency": pred.scaling_efficiency, "compute_ms": pred.compute_s * 1e3,
-            "exposed_comm_ms": pred.exposed_comm_s * 1e3, "comm_ms": pred.comm_s * 1e3,
-            "bubble_ms": pred.bubble_s * 1e3, "collectives": pred.collectives,
-            "measured_ms": measured * 1e3 if measured else None,
-            "error": pred.step_s / measured - 1 if measured else None,
-            "extrapolation": extrapolation if not measured else None, "assumptions": pred.assumptions}
-
-
-def _data_parallel(rows, directory, args, layouts, world_sizes, network, check, notes):
-    """DDP, ZeRO-3 and TP from a one-rank trace (:mod:`perfkit.analyse.predict`), after the replay check."""
-    from ..analyse.predict import what_if
-    from ..analyse.step_graph import replay_error, step_graphs
-
-    if rows.empty or "trace_path" not in rows.columns:
-        raise BadInputError(f"{directory}: no traced configurations: run train_step.ipynb with -p profile true")
-    runs = [r for r in _traced(rows, directory, args.trace, args.config) if all(p.is_file() for p in r.paths)]
-    if not runs:
-        raise BadInputError(f"{directory}: no trace files found for its traced rows (moved? pass --trace FILE --config ID)")
-
-    replays = []
-    graphs = {}
-    for r in runs:
-        for rank, path in enumerate(r.paths):
-            gs = step_graphs(path)
-            graphs[(r.config_id, r.run, rank)] = gs
-            replays.append({"config_id": r.config_id, "run": r.run, "rank": rank, "steps": len(gs),
-                            "measured_ms": statistics.median(g.measured_us for g in gs) / 1e3,
-                            "replay_error": max((replay_error(g) for g in gs), key=abs)})
-
-    # A traced configuration's step under the profiler: per step the slowest rank, the median step.
-    traced_ms = {}
-    for r in runs:
-        per_rank = [graphs[(r.config_id, r.run, k)] for k in range(len(r.paths))]
-        steps = [max(g.measured_us for g in same) for same in zip(*per_rank)]
-        if steps:
-            traced_ms[(r.config_id, r.run)] = statistics.median(steps) / 1e3
-    traced_rows = pd.DataFrame([r.row for r in runs if (r.config_id, r.run) in traced_ms],
-                               index=pd.Index([(r.config_id, r.run) for r in runs if (r.config_id, r.run) in traced_ms],
-                                              tupleize_cols=False), dtype=object)
-    predictions = []
-    for layout in layouts:
-        bases = [r for r in runs if int(r.row.get("world_size") or 1) == 1
-                 and str(r.row.get("parallelism")) in _BASES[layout]]
-        bases.sort(key=lambda r: _BASES[layout].index(str(r.row.get("parallelism"))))
-        if not bases:
-            notes.append(f"{layout}: no one-rank traced configuration to predict from")
-            continue
-        base = bases[0]
-        facts, per_rank = _facts(base.row, args.blocks, notes)
-        gs = graphs[(base.config_id, base.run, 0)]
-        profiled_s = statistics.median(g.measured_us for g in gs) / 1e6
-        measured_base = base.row.get("step_time_s")
-        for p in world_sizes:
-            preds = sorted((what_if(g, layout=layout, world_size=p, network=network, facts=facts) for g in gs),
-                           key=lambda x: x.step_s)
-            pred = preds[len(preds) // 2]
-            unprofiled = _measured(rows, base.row, layout, p, per_rank)
-            traced = [traced_ms[key] / 1e3 for key in _at_point(traced_rows, base.row, layout, p, per_rank).index]
-            # Like with like: the base's graph ran under the profiler, so a target traced too is the check.
-            measured = statistics.median(traced) if traced else unprofiled
-            out = _entry(pred, f"{base.config_id}/{base.run}", measured, network.extrapolation(p))
-            out["measured_under_profiler"] = bool(traced)
-            out["measured_unprofiled_ms"] = unprofiled * 1e3 if unprofiled else None
-            if not measured:
-                ws = sorted({int(w) for w in rows.get("world_size", pd.Series(dtype=float)).dropna()})
-                near = min(ws, key=lambda w: abs(w - p)) if ws else None
-                far = f"no measured {layout} point at {p} ranks" + (f"; the nearest measured world size is {near} ({p / near:g}x)" if near else "")
-                out["extrapolation"] = "; ".join(x for x in (far, out["extrapolation"]) if x)
-            if check is not None:
-                out.update(check(base.row, parallelism=layout, world_size=p, batch_size=int(_batch(layout, per_rank, p))))
-            predictions.append(out)
-        notes.append(f"{layout}: base {base.config_id} ({base.row.get('parallelism')}, 1 rank, batch {per_rank:g}): profiled "
-                     f"step {profiled_s * 1e3:.2f} ms" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
-                                                         if isinstance(measured_base, float) and measured_base == measured_base else ""))
-    return replays, predictions
-
-
-def _record(directory: Path, predictions: list[dict], network_source: str) -> Path:
-    """Append the predictions to ``DIR/results/predict-<digest>.parquet`` (one file per base and
-    network; a rerun appends, with its own ``predicted_at``: nothing recorded is replaced)."""
-    import hashlib
-    import time
-
-    from ..core.results import write_rows
-
-    bases = sorted({p["base"] for p in predictions})
-    digest = hashlib.sha256(json.dumps([bases, network_source]).encode()).hexdigest()[:12]
-    now = time.time()
-    frame = pd.DataFrame([{
-        "workload": "prediction", "status": "ok", "config_id": f"predict-{digest}", "layout": _label(p),
-        "parallelism": p["layout"], "world_size": p["world_size"], "base_config": p["base"],
-        "network_source": network_source, "predicted_at_unix_s": now,
-        "predicted_step_time_s": p["step_ms"] / 1e3, "predicted_compute_time_s": p["compute_ms"] / 1e3,
-        "predicted_exposed_comm_time_s": p["exposed_comm_ms"] / 1e3, "predicted_comm_time_s": p["comm_ms"] / 1e3,
-        "predicted_bubble_time_s": p["bubble_ms"] / 1e3, "pp_schedule": p.get("schedule"),
-        "n_microbatches": p.get("microbatches"),
-        "predicted_tokens_per_s": p["tokens_per_s"], "predicted_scaling_efficiency": p["scaling_efficiency"],
-        "measured_step_time_s": (p["measured_ms"] / 1e3) if p["measured_ms"] is not None else float("nan"),
-        "measured_under_profiler": bool(p.get("measured_under_profiler")),
-        "prediction_error": p["error"] if p["error"] is not None else float("nan"),
-        "extrapolation": p["extrapolation"], "assumptions": json.dumps(p["assumptions"]),
-        "memory_peak_bytes_per_rank": p.get("memory_peak_bytes_per_rank"), "memory_fits": p.get("fits"),
-    } for p in predictions])
-    path = directory / "results" / f"predict-{digest}.parquet"
-    write_rows(frame, path)
-    return path
-
-
-#: What makes two rows the same workload (compared as text: ``model_size`` is a mapping).
-_WORKLOAD = ("model", "model_size", "seq_len", "precision")
-
-
-def _same_workload(rows: pd.DataFrame, base: dict) -> pd.DataFrame:
-    """The rows of the base's model, size, sequence length and precision (those the base has)."""
-    for col in _WORKLOAD:
-        value = base.get(col)
-        if col in rows and value is not None and value == value:
-            rows = rows[rows[col].astype(str) == str(value)]
-    return rows
-
-
-def _at_point(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> pd.DataFrame:
-    """The rows of the base's workload that ran ``layout`` at ``p`` ranks with its per-rank batch."""
-    same = _same_workload(rows, base)
-    if any(c not in same for c in ("world_size", "parallelism", "batch_size")):
-        return same.iloc[:0]
-    return same[(same["world_size"] == p) & same["parallelism"].isin(_ALIASES[layout])
-                & (same["batch_size"] == _batch(layout, per_rank, p))]
-
-
-def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
-    hit = _at_point(rows, base, layout, p, per_rank)
-    if "step_time_s" not in hit:
-        return None
-    hit = hit[hit["step_time_s"].notna()]
-    if "status" in hit:
-        hit = hit[hit["status"] == "ok"]
-    return float(hit["step_time_s"].median()) if len(hit) else None
 
 
 def _render(result: dict) -> str:
@@ -376,20 +127,26 @@ def _render(result: dict) -> str:
         lines.append("replay (each traced step with its measured durations; the model's own check):")
         for r in result["replay"]:
             lines.append(f"  {r['config_id']}/{r['run']} rank {r['rank']}: {r['steps']} steps, median "
-                         f"{r['measured_ms']:.2f} ms, worst replay error {100 * r['replay_error']:+.1f} %")
+                         f"{r['measured_ms']:.2f} ms, worst replay error {100 * r['replay_error']:+.2f} %")
         lines.append("")
-    head = (f"{'layout':<14}{'ranks':>6}{'step ms':>10}{'tokens/s':>12}{'eff':>6}{'compute':>9}{'exposed':>9}"
+    head = (f"{'layout':<14}{'ranks':>6}{'step ms':>10}{'tokens/s':>12}{'eff':>8}{'compute':>9}{'exposed':>9}"
             f"{'bubble':>8}{'comm':>8}{'measured':>10}{'error':>8}")
-    lines += ["predicted (ms; exposed: communication (pp: and schedule overhead) on the critical path):", head]
+    lines += ["predicted (ms; exposed: communication (pp: and schedule overhead) on the critical path; eff: weak "
+              "scaling (w, data parallel), strong scaling (s, TP), the share of the step a rank computes (b, pp)):", head]
     for p in result["predictions"]:
         err = f"{100 * p['error']:+.1f}%" if p["error"] is not None else "-"
         meas = f"{p['measured_ms']:.2f}" if p["measured_ms"] is not None else "-"
         tps = f"{p['tokens_per_s']:.4g}" if math.isfinite(p["tokens_per_s"]) else "-"
-        lines.append(f"{_label(p):<14}{p['world_size']:>6}{p['step_ms']:>10.2f}{tps:>12}{p['scaling_efficiency']:>6.2f}"
+        lines.append(f"{label(p):<14}{p['world_size']:>6}{p['step_ms']:>10.2f}{tps:>12}{_efficiency(p):>8}"
                      f"{p['compute_ms']:>9.2f}{p['exposed_comm_ms']:>9.2f}{p['bubble_ms']:>8.2f}{p['comm_ms']:>8.2f}"
                      f"{meas:>10}{err:>8}")
         if p["extrapolation"]:
             lines.append(f"{'':13}! {p['extrapolation']}")
+        if p.get("base_replay_error") is not None and abs(p["base_replay_error"]) > REPLAY_TOLERANCE:
+            lines.append(f"{'':13}! FORCED: the base replays {100 * p['base_replay_error']:+.1f} % off its step")
+        for m in p.get("message_sizes") or []:
+            if m["outside"]:
+                lines.append(f"{'':13}! {m['outside']} of {m['count']} {m['op']} messages outside the measured sizes: {m['flag']}")
         if p.get("measured_under_profiler"):
             unprof = p.get("measured_unprofiled_ms")
             lines.append(f"{'':13}measured: its traced steps (under the profiler, as the base's)"
@@ -411,6 +168,9 @@ def _render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _label(p: dict) -> str:
-    """A prediction's layout as a table and the report name it: pp with its schedule and microbatches."""
-    return f"pp {p['schedule']} m{p['microbatches']}" if p["layout"] == "pp" else p["layout"]
+def _efficiency(p: dict) -> str:
+    for key, tag in (("weak_scaling_efficiency", "w"), ("strong_scaling_efficiency", "s"), ("busy_share", "b")):
+        value = p.get(key)
+        if isinstance(value, float) and math.isfinite(value):
+            return f"{value:.2f} {tag}"
+    return "-"
