@@ -212,6 +212,8 @@ def _cmd_import(args) -> int:
         print(f"{path}: {n} rows")
     for path in done.unchanged:
         print(f"{path}: already imported, nothing added")
+    for line in done.failed_runs:
+        print(f"not imported, a run that failed: {line}")
     print(f"{len(done.added)} files imported, {len(done.unchanged)} unchanged → {args.out}")
     return EXIT_OK
 

@@ -57,8 +57,10 @@ __all__ = ["DEFAULT_BY", "MAX_REL_RMS", "RESOLVE_FACTOR", "MAX_CI_RATIO", "CONFI
            "fit_alpha_beta", "predict", "busbw_curve"]
 
 #: Columns that identify a configuration in :func:`perfkit.measuring.collectives.benchmark.run_collectives` rows
-#: (and, for rows imported from nccl-tests, the device model and the file); those absent from a frame are ignored.
-DEFAULT_BY = ("op", "inplace", "dtype", "world_size", "backend", "device", "knobs", "env_device_name", "source_path")
+#: (and, for rows imported from nccl-tests, the device model, the file and the run within it: two runs of one op under
+#: different settings are two fits); those absent from a frame are ignored.
+DEFAULT_BY = ("op", "inplace", "dtype", "world_size", "backend", "device", "knobs", "env_device_name", "source_path",
+              "run_index")
 
 #: Relative RMS residual above which a fit is bad. The per-size medians of a clean sweep sit
 #: within a few percent of the model (5 % noise per sample gives ~0.02 on medians of 10); a

@@ -14,10 +14,20 @@ why nccl-tests reports it. A measured α-β fit at p0 ranks (``t = a + c·n``,
 :func:`perfkit.analyse.commfit.fit_alpha_beta`) gives ``α = a / hops(p0)`` and
 ``B = factor(p0) / c``; any other p follows from the formulas.
 
-What the model does not know, and :attr:`Link.note` / :meth:`NetworkModel.extrapolation` say:
-a group larger than the one measured crosses links the measurement did not (more nodes, another
-switch tier); NCCL switches to tree algorithms at scale (log p latency: the ring's α term is an
-upper bound there); an op never measured borrows the all-reduce's links.
+**Two levels.** A table measured on one host is an intra-node network (NVLink, xGMI); one measured
+across hosts (nccl-tests' ``#  Rank`` lines name them) an inter-node one, whose GPUs per node are its
+ranks ÷ hosts. With both (``intra``, ``gpus_per_node``) a group that fits in one node is costed on
+the intra-node links, a larger one on the inter-node links (a flat ring: every step crosses the
+slowest link). With one, a group the other level would carry is costed on the one given and said:
+an upper bound inside a node from an inter-node table, a lower bound across nodes from an
+intra-node one.
+
+What the model does not know, and :attr:`Link.note` / :meth:`NetworkModel.extrapolation` /
+:meth:`NetworkModel.size_flag` say: a group larger than the one measured crosses links the
+measurement did not (more nodes, another switch tier); NCCL switches to tree algorithms at scale
+(log p latency: the ring's α term is an upper bound there); a message size outside those measured
+(a latency the fit did not resolve is bounded by the smallest message's measured time); an op never
+measured borrows the all-reduce's links.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ class Link:
     note: str
     min_size_bytes: float = math.nan
     max_size_bytes: float = math.nan
+    hosts: int = 0
+    """The hosts the table ran on (0: not known, a perfkit folder's rows)."""
     """The message sizes the fit measured: a prediction outside them is flagged (:meth:`NetworkModel.size_flag`)."""
 
 
@@ -60,6 +72,21 @@ class Link:
 class NetworkModel:
     links: dict[str, Link]
     source: str
+    notes: tuple[str, ...] = ()
+    """What reading the tables found (a run that failed, several runs of one op)."""
+    intra: NetworkModel | None = None
+    """The intra-node network, where one was given beside this inter-node one."""
+    gpus_per_node: int | None = None
+
+    @property
+    def hosts(self) -> int:
+        return max((link.hosts for link in self.links.values()), default=0)
+
+    def level(self, world_size: int) -> NetworkModel:
+        """The network a group of ``world_size`` ranks runs on: the intra-node one where it fits in a node."""
+        if self.intra is not None and self.gpus_per_node and world_size <= self.gpus_per_node:
+            return self.intra
+        return self
 
     def time_s(self, op: str, size_bytes: float, world_size: int) -> float:
         """The ring cost of ``op`` over ``size_bytes`` among ``world_size`` ranks (0 for one rank).
@@ -67,6 +94,8 @@ class NetworkModel:
         An op not measured is costed from those that were: an all-reduce as a reduce-scatter then
         an all-gather (the ring all-reduce is exactly that, Thakur et al. §4.4), an all-gather or a
         reduce-scatter on the other's links, else on the all-reduce's."""
+        if self.level(world_size) is not self:
+            return self.level(world_size).time_s(op, size_bytes, world_size)
         hops = ring_hops(op, world_size)  # refuses an op without a ring model
         if world_size <= 1 or size_bytes <= 0:
             return 0.0
@@ -83,14 +112,27 @@ class NetworkModel:
 
     def extrapolation(self, world_size: int) -> str | None:
         """What a prediction at ``world_size`` assumes beyond the measurement, or None."""
+        level = self.level(world_size)
+        if level is not self:
+            return level.extrapolation(world_size)
+        out = []
+        gpn = self.gpus_per_node or (self.measured_world_size // self.hosts if self.hosts > 1 else None)
+        if self.hosts > 1 and gpn and world_size <= gpn:
+            out.append(f"{world_size} ranks fit in one node ({gpn} GPUs a node): costed on the inter-node links of "
+                       f"{self.source}, no intra-node table given (--network-intra): an upper bound")
         measured = self.measured_world_size
         if world_size > measured:
-            return (f"extrapolates {world_size / measured:g}x beyond the {measured} ranks the network was measured at: "
+            what = ("one node: no inter-node table given, links between nodes are assumed as fast as inside one "
+                    "(a lower bound)" if self.hosts == 1 else
                     "links past them (more nodes, another switch tier) are assumed as fast")
-        return None
+            out.append(f"extrapolates {world_size / measured:g}x beyond the {measured} ranks the network was measured at: "
+                       + what)
+        return "; ".join(out) or None
 
-    def size_flag(self, op: str, size_bytes: float) -> str | None:
+    def size_flag(self, op: str, size_bytes: float, world_size: int | None = None) -> str | None:
         """Why ``size_bytes`` of ``op`` is outside what the network measured, or None."""
+        if world_size is not None and self.level(world_size) is not self:
+            return self.level(world_size).size_flag(op, size_bytes)
         link = self.links.get(op) or self.links.get("all_gather" if op == "reduce_scatter" else "reduce_scatter") \
             or self.links.get("all_reduce")
         if link is None or not (link.min_size_bytes == link.min_size_bytes):
@@ -104,7 +146,11 @@ class NetworkModel:
         return None
 
     def assumptions(self) -> list[str]:
-        out = [f"collectives: ring costs (Thakur, Rabenseifner & Gropp 2005) from {self.source}"]
+        where = {0: "", 1: " (one host: intra-node)"}.get(self.hosts, f" ({self.hosts} hosts: inter-node)")
+        out = [f"collectives: ring costs (Thakur, Rabenseifner & Gropp 2005) from {self.source}{where}"]
+        out += list(self.notes)
+        if self.intra is not None:
+            out += [f"groups of up to {self.gpus_per_node} ranks (one node): {a}" for a in self.intra.assumptions()]
         out += [f"{op}: {link.note}" for op, link in self.links.items()]
         for op in _MODELLED:
             if op in self.links:
@@ -117,19 +163,35 @@ class NetworkModel:
         return out
 
 
-def _links_from_fits(fits: pd.DataFrame, source: str) -> dict[str, Link]:
+def _links_from_fits(fits: pd.DataFrame, source: str, notes: list[str], *, rejected: bool = False) -> dict[str, Link]:
+    """One link per op from its good fits; with ``rejected``, from the best of its rejected ones."""
     links: dict[str, Link] = {}
     for op, group in fits.groupby("op", sort=False):
         if op not in _MODELLED:
             continue
-        ok = group[group["fit_ok"].astype(bool)]
+        ok = group[group["fit_ok"].astype(bool)] if not rejected else group.iloc[:0]
+        poor = ""
+        if ok.empty and rejected:  # every fit of this op rejected: still the best curve there is, said how poor
+            usable = group[(group["world_size"] >= 2) & (group["model_time_per_byte_s"] > 0)]
+            if usable.empty:
+                continue
+            ok = usable.sort_values("rel_rms_residual").iloc[:1]
+            worst = float(ok["rel_rms_residual"].iloc[0])
+            poor = (f"; its α-β fit was REJECTED ({ok['fit_note'].iloc[0]}; relative RMS residual {worst:.2f}): "
+                    "predictions costed on it are as poor")
         if ok.empty:
             continue
         if "inplace" in ok:  # out-of-place where measured: the form nccl-tests leads with
             outplace = ok[~ok["inplace"].astype(bool)]
             ok = outplace if not outplace.empty else ok
-        row = ok.sort_values("world_size").iloc[-1]
+        ok = ok.sort_values(["world_size", "run_index"] if "run_index" in ok else ["world_size"])
+        row = ok.iloc[-1]
         p0 = int(row["world_size"])
+        same = ok[ok["world_size"] == p0]
+        if len(same) > 1 and "run_index" in same:
+            notes.append(f"{op}: {len(same)} runs at {p0} ranks (runs {', '.join(str(int(r)) for r in same['run_index'])}), "
+                         f"each fitted on its own; the network uses run {int(row['run_index'])}'s: pass one run's table "
+                         "to choose another")
         if p0 < 2:
             continue
         a, c = float(row["model_alpha_s"]), float(row["model_time_per_byte_s"])
@@ -147,23 +209,30 @@ def _links_from_fits(fits: pd.DataFrame, source: str) -> dict[str, Link]:
                    f"message's time, {bound * 1e6:.3g} us (an upper bound on small messages' latency)")
         if not bool(row["beta_resolved"]):
             how += "; B not resolved by the sizes measured: the fit's curve is used"
+        how += poor
         note = (f"α {a / ring_hops(op, p0) * 1e6:.3g} us a hop, bus {busbw_factor(op, p0) / c / 1e9:.3g} GB/s, "
                 f"fitted at {p0} ranks over {lo:.3g}-{hi:.3g} B" + how)
         links[str(op)] = Link(op=str(op), alpha_hop_s=a / ring_hops(op, p0), bus_bytes_per_s=busbw_factor(op, p0) / c,
-                              world_size=p0, note=note, min_size_bytes=lo, max_size_bytes=hi)
+                              world_size=p0, note=note, min_size_bytes=lo, max_size_bytes=hi,
+                              hosts=int(row["hosts"]) if "hosts" in row and row["hosts"] == row["hosts"] else 0)
     return links
 
 
-def network_from_rows(rows: pd.DataFrame, source: str) -> NetworkModel:
+def network_from_rows(rows: pd.DataFrame, source: str, notes: list[str] | None = None) -> NetworkModel:
     """The network measured by ``rows`` (perfkit's collectives rows, or nccl-tests' as
     :mod:`perfkit.ingest.nccl_tests` reads them); one line of :class:`BadInputError` when no
     all-reduce, all-gather or reduce-scatter fits well at 2 or more ranks."""
-    from perfkit.analyse.commfit import fit_alpha_beta
+    from perfkit.analyse.commfit import DEFAULT_BY, fit_alpha_beta
 
     if rows.empty:
         raise BadInputError(f"--network {source}: no collective rows in it")
-    links = _links_from_fits(fit_alpha_beta(rows), source)
+    notes = list(notes or [])
+    by = [c for c in (*DEFAULT_BY, "hosts") if c in rows]
+    fits = fit_alpha_beta(rows, by=by)
+    links = _links_from_fits(fits, source, notes)
+    if not links:  # no good fit at all: the best rejected ones, marked, rather than no prediction
+        links = _links_from_fits(fits, source, notes, rejected=True)
     if not links:
-        raise BadInputError(f"--network {source}: no all_reduce, all_gather or reduce_scatter with a good α-β fit "
+        raise BadInputError(f"--network {source}: no all_reduce, all_gather or reduce_scatter with an α-β fit "
                             "at 2 or more ranks to model the network from")
-    return NetworkModel(links=links, source=source)
+    return NetworkModel(links=links, source=source, notes=tuple(notes))

@@ -312,7 +312,7 @@ def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkMo
     if layout != "tp":
         notes += [f"weak scaling: each rank's batch and compute as measured on one rank ({base.path})"]
     efficiency = base_s * replicas / (world_size * step_s)
-    sizes = _message_sizes(e, network)
+    sizes = _message_sizes(e, network, world_size)
     notes += [f"{m['op']}: {m['outside']} of {m['count']} messages outside the sizes the network measured ({m['flag']})"
               for m in sizes if m["outside"]]
     return Prediction(detail={"message_sizes": sizes}, layout=layout, world_size=world_size, step_s=step_s, compute_s=compute_s,
@@ -322,7 +322,7 @@ def what_if(base: StepGraph, *, layout: str, world_size: int, network: NetworkMo
                       strong_scaling_efficiency=efficiency if layout == "tp" else math.nan)
 
 
-def _message_sizes(e: _Editor, network: NetworkModel) -> list[dict]:
+def _message_sizes(e: _Editor, network: NetworkModel, world_size: int) -> list[dict]:
     """Per collective op the layout added: how many, their size range, and how many lie outside the
     sizes the network measured (with the farthest one's flag)."""
     by_op: dict[str, list[float]] = {}
@@ -331,7 +331,7 @@ def _message_sizes(e: _Editor, network: NetworkModel) -> list[dict]:
             by_op.setdefault(str(e.g.op[i]), []).append(float(e.g.bytes[i]))
     out = []
     for op, sizes in by_op.items():
-        flags = [(network.size_flag(op, b), b) for b in sizes]
+        flags = [(network.size_flag(op, b, world_size), b) for b in sizes]
         outside = [(f, b) for f, b in flags if f]
         far = min(outside, key=lambda fb: fb[1])[0] if outside else None
         out.append({"op": op, "count": len(sizes), "min_bytes": min(sizes), "max_bytes": max(sizes),

@@ -21,7 +21,7 @@ import pandas as pd
 
 from perfkit.core.errors import BadInputError
 
-__all__ = ["REPLAY_TOLERANCE", "predict", "record_predictions", "label"]
+__all__ = ["REPLAY_TOLERANCE", "label", "predict", "prediction_rows", "record_predictions"]
 
 REPLAY_TOLERANCE = 0.05
 """A base whose graph replays a traced step further off than this is refused (``force`` marks it)."""
@@ -167,7 +167,7 @@ def _entry(pred, base: str, measured: float | None, extrapolation: str | None) -
             "measured_ms": measured * 1e3 if measured else None,
             "error": pred.step_s / measured - 1 if measured else None,
             "extrapolation": extrapolation if not measured else None, "assumptions": pred.assumptions,
-            "base_replay_error": None, "message_sizes": []}
+            "base_replay_error": None, "message_sizes": [], "measured_comm_ms": None}
 
 
 def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes, *, trace=None, config=None,
@@ -235,6 +235,13 @@ def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes,
             out["message_sizes"] = pred.detail.get("message_sizes", [])
             out["measured_under_profiler"] = bool(traced)
             out["measured_unprofiled_ms"] = unprofiled * 1e3 if unprofiled else None
+            targets = list(_at_point(traced_rows, base.row, layout, p, per_rank).index)
+            out["measured_comm_ms"] = _measured_comm_ms([graphs[(c, r, 0)] for c, r in targets])
+            if out["measured_comm_ms"] and out["comm_ms"] and out["measured_comm_ms"] > 1.5 * out["comm_ms"]:
+                notes.append(f"{layout} at {p} ranks: the traced step's collectives took {out['measured_comm_ms']:.2f} ms, "
+                             f"{out['measured_comm_ms'] / out['comm_ms']:.1f}x what the network costs them "
+                             f"({out['comm_ms']:.2f} ms): the standalone measurement misses their cost inside the step "
+                             "(a collective waiting for the slower rank, its threads sharing the ranks' cores, copies)")
             if not measured:
                 ws = sorted({int(w) for w in rows.get("world_size", pd.Series(dtype=float)).dropna()})
                 near = min(ws, key=lambda w: abs(w - p)) if ws else None
@@ -249,24 +256,40 @@ def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes,
     return replays, predictions
 
 
+def _measured_comm_ms(graphs_of_runs: list[list]) -> float | None:
+    """The median over traced steps of rank 0's communication time (gloo spans, NCCL/RCCL kernels)."""
+    per_step = [sum(g.dur_us[i] for i in range(len(g)) if g.is_comm(i)) / 1e3 for gs in graphs_of_runs for g in gs]
+    return statistics.median(per_step) if per_step else None
+
+
 def record_predictions(directory: Path, predictions: list[dict], network_source: str) -> Path:
     """Append the predictions to ``DIR/results/predict-<digest>.parquet`` (one file per base and
     network; a rerun appends, with its own ``predicted_at``: nothing recorded is replaced)."""
+    from perfkit.core.results import write_rows
+
+    frame = prediction_rows(predictions, network_source)
+    path = directory / "results" / f"{frame['config_id'].iloc[0]}.parquet"
+    write_rows(frame, path)
+    return path
+
+
+def prediction_rows(predictions: list[dict], network_source: str) -> pd.DataFrame:
+    """The predictions as rows (workload ``prediction``), as ``--record`` writes them and the
+    report's and the notebook's plots read them."""
     import hashlib
     import time
-
-    from perfkit.core.results import write_rows
 
     bases = sorted({p["base"] for p in predictions})
     digest = hashlib.sha256(json.dumps([bases, network_source]).encode()).hexdigest()[:12]
     now = time.time()
-    frame = pd.DataFrame([{
+    return pd.DataFrame([{
         "workload": "prediction", "status": "ok", "config_id": f"predict-{digest}", "layout": label(p),
         "parallelism": p["layout"], "world_size": p["world_size"], "base_config": p["base"],
         "network_source": network_source, "predicted_at_unix_s": now,
         "predicted_step_time_s": p["step_ms"] / 1e3, "predicted_compute_time_s": p["compute_ms"] / 1e3,
         "predicted_exposed_comm_time_s": p["exposed_comm_ms"] / 1e3, "predicted_comm_time_s": p["comm_ms"] / 1e3,
         "predicted_bubble_time_s": p["bubble_ms"] / 1e3, "pp_schedule": p.get("schedule"),
+        "measured_comm_time_s": p["measured_comm_ms"] / 1e3 if p.get("measured_comm_ms") else float("nan"),
         "n_microbatches": p.get("microbatches"),
         "predicted_tokens_per_s": p["tokens_per_s"],
         "predicted_weak_scaling_efficiency": p["weak_scaling_efficiency"],
@@ -277,10 +300,9 @@ def record_predictions(directory: Path, predictions: list[dict], network_source:
         "prediction_error": p["error"] if p["error"] is not None else float("nan"),
         "extrapolation": p["extrapolation"], "assumptions": json.dumps(p["assumptions"]),
         "memory_peak_bytes_per_rank": p.get("memory_peak_bytes_per_rank"), "memory_fits": p.get("fits"),
+        "message_size_flags": "; ".join(f"{m['outside']} of {m['count']} {m['op']}: {m['flag']}"
+                                        for m in p.get("message_sizes") or [] if m["outside"]) or None,
     } for p in predictions])
-    path = directory / "results" / f"predict-{digest}.parquet"
-    write_rows(frame, path)
-    return path
 
 
 #: What makes two rows the same workload (compared as text: ``model_size`` is a mapping).

@@ -170,15 +170,25 @@ def _without_launcher_prefixes(text: str) -> str:
     return "\n".join(_LAUNCHER_PREFIX.sub("", line, count=1) for line in lines)
 
 
+class _RunFailed(BadInputError):
+    """A run that stopped before its table (a CUDA error, a busy device): in a file of several runs,
+    a failed run of its own; alone, the file's one-line error."""
+
+
 def _runs(text: str) -> list[tuple[int, str]]:
     """(first line number, text) of each run in ``text``: a line that opens a run's output
     (:data:`_OPENS_A_RUN`) after a table header starts the next run (what ``for b in *_perf; do
-    $b ...; done > log`` writes)."""
-    runs, start, current, seen_header = [], 1, [], False
+    $b ...; done > log`` writes), and so does one of a kind the current run has already opened with
+    (a binary that crashed before its table: its lines would otherwise merge into the next run's)."""
+    runs, start, current, seen_header, opened = [], 1, [], False, set()
     for number, line in enumerate(text.splitlines(), start=1):
-        if seen_header and _OPENS_A_RUN.match(line):
+        m = _OPENS_A_RUN.match(line)
+        kind = m.group(0).split()[-1] if m else None
+        if m and (seen_header or kind in opened):
             runs.append((start, "\n".join(current)))
-            start, current, seen_header = number, [], False
+            start, current, seen_header, opened = number, [], False, set()
+        if kind:
+            opened.add(kind)
         current.append(line)
         seen_header = seen_header or (line.startswith("#") and " size " in f" {line.lstrip('#')} "
                                       and "count" in line and "time" in line)
@@ -206,13 +216,20 @@ def parse(text: str, *, op: str | None = None, world_size: int | None = None, pa
         return _parse_run(runs[0][1], op=op, world_size=world_size, partial=partial, source=source)
     parts = []
     for index, (start, body) in enumerate(runs, start=1):
-        part = _parse_run(body, op=op, world_size=world_size, partial=partial, op_is_hint=True,
-                          source=f"{source} (run {index} of {len(runs)}, from line {start})", first_line=start)
+        where = f"{source} (run {index} of {len(runs)}, from line {start})"
+        try:
+            part = _parse_run(body, op=op, world_size=world_size, partial=partial, op_is_hint=True,
+                              source=where, first_line=start)
+        except _RunFailed as exc:  # one binary that failed: a run of its own, reported, not the others lost
+            parts.append(ParsedRun(rows=[], facts={}, finished=False, reason=exc.reason))
+            continue
         for row in part.rows:
             row["run_index"] = index
         parts.append(part)
     unfinished = [p for p in parts if not p.finished]
-    return ParsedRun(rows=[r for p in parts for r in p.rows], facts=parts[0].facts, parts=parts,
+    if len(unfinished) == len(parts):
+        raise BadInputError(f"{source}: every one of its {len(parts)} runs failed: {unfinished[0].reason}")
+    return ParsedRun(rows=[r for p in parts for r in p.rows], facts=next(p.facts for p in parts if p.finished), parts=parts,
                      finished=not unfinished, reason=unfinished[0].reason if unfinished else None)
 
 
@@ -267,7 +284,7 @@ def _parse_run(text: str, *, op: str | None, world_size: int | None, partial: bo
         elif _FAILURE.search(line) and "NCCL INFO" not in line and not line.startswith("#"):
             failures.append(_failure(line))
     if leading is None and failures and (ranks or facts.get("tool_version")):
-        raise BadInputError(f"{source}: the run failed before its table: {failures[0][:160]}")
+        raise _RunFailed(f"{source}: the run failed before its table: {failures[0][:160]}")
     if leading is None:
         raise BadInputError(f"{source} is not nccl-tests output: no table header "
                             "('#  size  count  type ... time  algbw  busbw') in it")

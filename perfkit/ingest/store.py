@@ -58,6 +58,8 @@ class ImportResult:
     """(file, rows) for each file imported now."""
     unchanged: list[str] = field(default_factory=list)
     """Files already imported into the directory (by digest): nothing added."""
+    failed_runs: list[str] = field(default_factory=list)
+    """One line per run of a several-run file that failed before its table (its rows are absent)."""
 
 
 def _results_path(out_dir: Path, kind: str, digest: str) -> Path:
@@ -117,7 +119,9 @@ def import_files(kind: str, paths: Sequence[str | Path], out_dir: str | Path, **
         # A file of several runs: each run's rows with its own facts (tool version, library, hosts).
         frame = pd.concat([pd.DataFrame(part.rows).assign(
             source_tool_version=part.facts.get("tool_version"), backend=part.facts.get("backend"),
-            **env.flat_columns({**part.facts, "source": kind})) for part in (run.parts or [run])], ignore_index=True)
+            **env.flat_columns({**part.facts, "source": kind})) for part in (run.parts or [run]) if part.rows],
+            ignore_index=True)
+        done.failed_runs += [f"{path}: {part.reason}" for part in run.parts if not part.rows and part.reason]
         frame.insert(0, "config_id", target.stem)
         frame = frame.assign(source=kind, source_path=str(path.resolve()), source_sha256=digest,
                              param_names=json.dumps([]), notebook=None, recorded_at=now)

@@ -53,6 +53,11 @@ def add_predict_command(sub, read_network, memory_checker) -> None:
     p.add_argument("--world-sizes", required=True, metavar="N,N,...", help="ranks to predict at, e.g. 8,64,512")
     p.add_argument("--network", metavar="FILE|DIR",
                    help="nccl-tests/rccl-tests output, or a perfkit folder of measured collectives (ddp, zero3, tp)")
+    p.add_argument("--network-intra", metavar="FILE|DIR",
+                   help="the intra-node network (an nccl-tests/rccl-tests table run on one host: NVLink, xGMI) beside "
+                        "--network's inter-node one: groups that fit in a node are costed on it")
+    p.add_argument("--gpus-per-node", type=int, metavar="N",
+                   help="GPUs a node (default: --network's ranks / hosts, as its '#  Rank' lines say)")
     p.add_argument("--layout", default="ddp,zero3", help="ddp, zero3, tp, pp, comma-separated (default ddp,zero3)")
     p.add_argument("--microbatches", metavar="M,M,...", help="pp: microbatch counts to predict (default: the base's); "
                    "each microbatch keeps the base's size")
@@ -104,7 +109,11 @@ def run_predict(args) -> int:
         raise BadInputError(f"{directory}: no such results directory")
     if args.trace and not Path(args.trace).is_file():
         raise BadInputError(f"--trace {args.trace}: no such trace file")
-    network = args.read_network(args.network) if data_parallel else None
+    if (args.network_intra or args.gpus_per_node) and not args.network:
+        raise BadInputError("--network-intra and --gpus-per-node go with --network (the inter-node table)")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise BadInputError(f"--gpus-per-node {args.gpus_per_node}: a positive number of GPUs")
+    network = args.read_network(args.network, args.network_intra, args.gpus_per_node) if data_parallel else None
     check = (args.memory_checker(args.device, args.memory_bytes)
              if args.device or args.memory_bytes else None)
     result = predict(load(directory), directory, layouts=layouts, world_sizes=world_sizes, network=network,

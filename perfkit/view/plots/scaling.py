@@ -15,7 +15,7 @@ import pandas as pd
 from ._common import LEGEND_BESIDE, whole, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars",
-           "scaling_section", "prediction_section"]
+           "scaling_section", "prediction_section", "prediction_breakdown"]
 
 _BASELINES = {"none": "no wrapper", "wrapper": "wrapper on 1 rank"}
 _SERIES = ("parallelism", "scaling_mode")
@@ -255,3 +255,37 @@ def prediction_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None)
         hv.opts.Overlay(title="Predicted step time (dashed, hollow: perfkit predict; diamonds: measured at the same point)",
                         xlabel="world size (ranks)", ylabel="step time (ms)", logx=True, xticks=_world_ticks(rows),
                         width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))
+
+
+def prediction_breakdown(rows: pd.DataFrame):
+    """Each predicted point's step stacked (compute, exposed communication, a pipeline's bubble), one
+    bar per layout and world size; the hover has the total communication (overlapped or not), the
+    measured step where the folder has one, and what the point extrapolates."""
+    hv = hv_bokeh()
+    rows = ok_rows(rows)
+    if rows.empty or "predicted_step_time_s" not in rows:
+        return hv.Div("<p>No predictions.</p>")
+    rows = rows.sort_values(["layout", "world_size"])
+    records = []
+    for _, row in rows.iterrows():
+        point = f"{row['layout']} N={int(row['world_size'])}"
+        bubble = float(row.get("predicted_bubble_time_s") or 0.0)
+        parts = {"compute": float(row["predicted_compute_time_s"]) - bubble, "pipeline bubble": bubble,
+                 "exposed communication": float(row["predicted_exposed_comm_time_s"])}
+        for part, value in parts.items():
+            records.append({"point": point, "part": part, "time_ms": max(value, 0.0) * 1e3,
+                            "step_ms": float(row["predicted_step_time_s"]) * 1e3,
+                            "comm_ms": float(row["predicted_comm_time_s"]) * 1e3,
+                            "measured_ms": float(row.get("measured_step_time_s", float("nan"))) * 1e3,
+                            "note": "; ".join(str(x) for x in (row.get("extrapolation"), row.get("message_size_flags"))
+                                              if isinstance(x, str) and x)})
+    data = pd.DataFrame(records)
+    hover = [("point", "@{point}"), ("part", "@{part}"), ("time", "@{time_ms}{0.00} ms"), ("step", "@{step_ms}{0.00} ms"),
+             ("all communication", "@{comm_ms}{0.00} ms"), ("measured", "@{measured_ms}{0.00} ms"), ("note", "@{note}")]
+    bars = hv.Bars(data, ["point", "part"], ["time_ms", "step_ms", "comm_ms", "measured_ms", "note"])
+    return bars.opts(stacked=True, tools=["hover"], hover_tooltips=hover, width=width_with_legend(data["part"].unique()),
+                     height=400, color="part", cmap={"compute": "#4c9f70", "pipeline bubble": "#bbbbbb",
+                                                     "exposed communication": "#e8833a"},
+                     **LEGEND_BESIDE, show_grid=True, xrotation=30,
+                     title="Predicted step, stacked: compute, exposed communication (hover: all of it, the measured step)",
+                     xlabel="layout and world size", ylabel="time (ms)")
