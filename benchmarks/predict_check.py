@@ -10,9 +10,11 @@ like: the slowest rank's traced step), for two models:
   backward), the host idle while a "device" works, as on a GPU: what the prediction can hold to.
 
 ZeRO-3 is predicted from a one-rank ZeRO-3 (FSDP2) step where there is one, else from the plain
-step. Prints each prediction, its measured point and the error, and the load.
+step. Prints each prediction, its measured point and the error, and the load; with ``--reps N``
+the whole measurement N times over (fresh sweeps each time), then each error's min, median and max.
+Leave the machine otherwise idle: the ranks share its cores.
 
-    python benchmarks/predict_check.py [--out DIR]
+    python benchmarks/predict_check.py [--out DIR] [--reps N]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,16 +46,13 @@ def _perfkit(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True, text=True, check=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, help="where the sweeps go (default: a temporary folder)")
-    args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="perfkit-predict-check-"))
+def _once(out: Path) -> dict[tuple[str, str], float]:
     print(f"load: {os.getloadavg()[0]:.2f} (1 min); folders under {out}")
     net = out / "net"
     _perfkit("run", str(REPO / "notebooks" / "collectives.ipynb"), "--out", str(net),
              "-p", "ops", "['all_reduce', 'all_gather', 'reduce_scatter']", "-p", "max_bytes", "4194304")
-    print(f"{'model':<13}{'layout':<7}{'predicted ms':>13}{'measured ms':>13}{'error':>9}  base")
+    print(f"{'model':<13}{'layout':<7}{'predicted ms':>13}{'measured ms':>13}{'error':>9}{'comm costed':>13}{'comm in step':>14}")
+    errors = {}
     for name, model in _MODELS.items():
         spec = out / f"{name}.yaml"
         spec.write_text(yaml.safe_dump({"notebook": str(REPO / "notebooks" / "train_step.ipynb"),
@@ -63,8 +63,27 @@ def main() -> int:
         for p in result["predictions"]:
             measured = p["measured_ms"]
             err = f"{100 * p['error']:+.1f} %" if p["error"] is not None else "-"
+            in_step = f"{p['measured_comm_ms']:.2f}" if p.get("measured_comm_ms") else "-"
             print(f"{name:<13}{p['layout']:<7}{p['step_ms']:>13.2f}{measured if measured is None else round(measured, 2)!s:>13}"
-                  f"{err:>9}  {p['base']}")
+                  f"{err:>9}{p['comm_ms']:>13.2f}{in_step:>14}")
+            if p["error"] is not None:
+                errors[(name, p["layout"])] = p["error"]
+    print(f"load after: {os.getloadavg()[0]:.2f} (1 min)")
+    return errors
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="where the sweeps go (default: a temporary folder)")
+    parser.add_argument("--reps", type=int, default=1, help="repeat the whole measurement this many times")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="perfkit-predict-check-"))
+    runs = [_once(out / f"rep{k}" if args.reps > 1 else out) for k in range(1, args.reps + 1)]
+    if args.reps > 1:
+        print(f"over {args.reps} repetitions (goal: within ±15 %):")
+        for key in runs[0]:
+            errs = sorted(100 * r[key] for r in runs if key in r)
+            print(f"  {key[0]:<13}{key[1]:<7} min {errs[0]:+.1f} %  median {statistics.median(errs):+.1f} %  max {errs[-1]:+.1f} %")
     return 0
 
 

@@ -161,19 +161,12 @@ def test_a_trace_without_steps_is_one_window_and_one_without_host_events_is_one_
         step_graphs(bad)
 
 
-def test_the_ring_model_reproduces_its_fit_at_the_measured_size_and_scales_its_latency_terms():
+def test_the_ring_model_scales_its_latency_terms_with_the_ranks():
+    """Against the measured table's own times: tests/test_network_model.py."""
     _need(H100_TABLE)
     net = read_network(H100_TABLE)
     link = net.links["all_reduce"]
     assert link.world_size == 16
-    from perfkit.analyse.commfit import fit_alpha_beta
-    from perfkit.ingest import nccl_tests
-    import pandas as pd
-
-    fit = fit_alpha_beta(pd.DataFrame(nccl_tests.parse(H100_TABLE.read_text(), source="x").rows))
-    row = fit[~fit["inplace"]].iloc[0]
-    for size in (2**30, 2**33):
-        assert net.time_s("all_reduce", size, 16) == pytest.approx(row["model_alpha_s"] + row["model_time_per_byte_s"] * size)
     # 2(p-1) latency hops and 2(p-1)/p of the bytes per rank (Thakur et al. 2005).
     assert ring_hops("all_reduce", 64) == 126 and ring_hops("all_gather", 64) == 63
     tiny = net.time_s("all_reduce", 1.0, 64) - net.time_s("all_reduce", 1.0, 16)

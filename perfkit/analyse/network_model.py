@@ -77,6 +77,8 @@ class NetworkModel:
     intra: NetworkModel | None = None
     """The intra-node network, where one was given beside this inter-node one."""
     gpus_per_node: int | None = None
+    backend: str | None = None
+    """The library that measured it (gloo, nccl, rccl) where the rows say."""
 
     @property
     def hosts(self) -> int:
@@ -235,4 +237,5 @@ def network_from_rows(rows: pd.DataFrame, source: str, notes: list[str] | None =
     if not links:
         raise BadInputError(f"--network {source}: no all_reduce, all_gather or reduce_scatter with an α-β fit "
                             "at 2 or more ranks to model the network from")
-    return NetworkModel(links=links, source=source, notes=tuple(notes))
+    backends = sorted({str(b) for b in rows["backend"].dropna()}) if "backend" in rows else []
+    return NetworkModel(links=links, source=source, notes=tuple(notes), backend=backends[0] if len(backends) == 1 else None)

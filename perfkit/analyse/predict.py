@@ -240,21 +240,25 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
     body = facts.n_params_non_embedding if facts.n_params_non_embedding else facts.n_params
     units = [facts.n_params - body] + [body / blocks] * blocks if facts.n_params > body else [body / blocks] * blocks
     n = len(units)
+    # gloo runs a process group's collectives one at a time on its thread, and FSDP2 gathers and
+    # reduce-scatters on one group: one lane. NCCL/RCCL run them on streams of their own.
+    serial = net.backend == "gloo"
+    ag_lane, rs_lane = ("zero3 collectives",) * 2 if serial else ("zero3 all_gather", "zero3 reduce_scatter")
     fwd = [f0 + (b0 - f0) * k / n for k in range(n + 1)]
     bwd = [b0 + (b1 - b0) * k / n for k in range(n + 1)]
     for k, params in enumerate(units):  # forward: unit k's gather issued as unit k-1 starts
         issue = fwd[max(k - 1, 0)]
-        ag = e.collective(op="all_gather", lane="zero3 all_gather", size_bytes=params * facts.param_bytes,
+        ag = e.collective(op="all_gather", lane=ag_lane, size_bytes=params * facts.param_bytes,
                           world_size=p, network=net, after=e.before(issue) if k else None, at_us=issue)
         e.wait(e.after(fwd[k]), ag)
     last = None
     for j, params in enumerate(reversed(units)):  # backward: the root's parameters stay gathered
         if not (n > blocks and j == n - 1):  # the root is not resharded after forward
             issue = bwd[max(j - 1, 0)]
-            ag = e.collective(op="all_gather", lane="zero3 all_gather", size_bytes=params * facts.param_bytes,
+            ag = e.collective(op="all_gather", lane=ag_lane, size_bytes=params * facts.param_bytes,
                               world_size=p, network=net, after=e.before(issue), at_us=issue)
             e.wait(e.after(bwd[j]), ag)
-        last = e.collective(op="reduce_scatter", lane="zero3 reduce_scatter", size_bytes=params * facts.grad_bytes,
+        last = e.collective(op="reduce_scatter", lane=rs_lane, size_bytes=params * facts.grad_bytes,
                             world_size=p, network=net, after=e.before(bwd[j + 1]), at_us=bwd[j + 1])
     start = opt[0] if opt else b1
     e.wait(e.after(start), last)
@@ -262,7 +266,9 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
         e.scale([i for i in e.nodes if opt[0] <= _time_key(e.g, i) <= opt[1]], 1.0 / p)
     return [f"ZeRO-3: {n} units ({blocks} blocks with {body / blocks / 1e6:.3g} M parameters each"
             + (f", the root {units[0] / 1e6:.3g} M" if n > blocks else "") + "), forward and backward split evenly among them; "
-            f"{facts.param_bytes}-byte gathers, {facts.grad_bytes}-byte reduce-scatters, prefetch of one unit",
+            f"{facts.param_bytes}-byte gathers, {facts.grad_bytes}-byte reduce-scatters, prefetch of one unit"
+            + ("; gloo: gathers and reduce-scatters one at a time on the group's thread" if serial else
+               "; gathers and reduce-scatters on streams of their own"),
             "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard)"]
 
 

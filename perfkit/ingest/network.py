@@ -68,7 +68,8 @@ def _read_one(path: str | os.PathLike) -> NetworkModel:
         frames = []
         for part in parsed.parts or [parsed]:  # each run with the hosts it ran on
             if part.rows:
-                frames.append(pd.DataFrame(part.rows).assign(hosts=int(part.facts.get("hosts") or 0)))
+                frames.append(pd.DataFrame(part.rows).assign(hosts=int(part.facts.get("hosts") or 0),
+                                                             backend=part.facts.get("backend")))
         rows = pd.concat(frames, ignore_index=True)
         empty = rows["size_bytes"] <= 0
         if empty.any():  # nccl-tests' minBytes 0: a row that moved nothing measures the launch alone
