@@ -21,7 +21,8 @@ Zhao et al., VLDB 2023): each unit's parameters are all-gathered before its forw
 before its backward (the next unit's gather issued as a unit starts: FSDP2's prefetch of one),
 its gradients reduce-scattered after its backward, the optimizer updates 1/p of the parameters.
 Assumed: the blocks hold the non-embedding parameters evenly, the root the rest; forward and
-backward spend equal time per block; all-gathers and reduce-scatters each on a lane of their own.
+backward spend equal time per block; all-gathers and reduce-scatters each on a lane of their own
+(NCCL/RCCL streams), or one lane on gloo (a process group runs its collectives one at a time).
 
 **TP** (Megatron-LM, Shoeybi et al. 2019, §3: a block's attention and MLP each a column-parallel
 projection then a row-parallel one): the base's compute in forward and backward is divided by the
@@ -51,17 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfkit.analyse.network_model import NetworkModel
-from perfkit.analyse.step_graph import (
-    COMM,
-    DEVICE,
-    HOST,
-    ISSUE,
-    LAUNCH,
-    THREAD,
-    WAIT,
-    StepGraph,
-    replay,
-)
+from perfkit.analyse.step_graph import COMM, DEVICE, HOST, ISSUE, LAUNCH, THREAD, WAIT, StepGraph, replay
 from perfkit.core.errors import BadInputError
 
 __all__ = ["LAYOUTS", "ModelFacts", "Prediction", "median_prediction", "what_if"]

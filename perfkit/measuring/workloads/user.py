@@ -24,11 +24,8 @@ the reason, never guessed; counted FLOP, measured memory and traces need nothing
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import math
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
@@ -36,6 +33,7 @@ import torch
 from torch import nn
 
 from perfkit.core import checks
+from perfkit.core.entry_points import load_entry_point
 from perfkit.core.errors import BadInputError
 from perfkit.measuring.workloads.workload import Workload, constructing_on
 
@@ -116,31 +114,6 @@ class UserModelSpec:
     @property
     def sizes(self) -> dict:
         return dict(self.size)
-
-
-def _import_module(module: str, model_path: str | None, what: str):
-    if model_path:
-        model_path = os.path.abspath(model_path)  # a later chdir must not move it
-        if model_path not in sys.path:
-            sys.path.insert(0, model_path)
-    try:
-        return importlib.import_module(module)
-    except Exception as err:  # noqa: BLE001 - any failure to import is the user's to see, in one line
-        where = f" (model_path {model_path!r})" if model_path else " (set model_path or PYTHONPATH)"
-        raise BadInputError(f"{what}: module {module!r} does not import{where}: "
-                            f"{type(err).__name__}: {err}".splitlines()[0]) from None
-
-
-def load_entry_point(target: str, model_path: str | None = None) -> Callable:
-    """The function ``package.module:function`` names, imported (``model_path`` first on sys.path)."""
-    module, sep, function = target.partition(":")
-    if not sep or not module or not function:
-        raise BadInputError(f"entry point {target!r}: write it as 'package.module:function'")
-    found = _import_module(module, model_path, f"entry point {target!r}")
-    fn = getattr(found, function, None)
-    if not callable(fn):
-        raise BadInputError(f"entry point {target!r}: module {module!r} has no function {function!r}")
-    return fn
 
 
 def _call_entry(spec: UserModelSpec) -> UserModel:

@@ -1,0 +1,42 @@
+"""User code named by an entry point, ``package.module:function``, imported with one line of error.
+
+A model (:mod:`perfkit.measuring.workloads.user`), a kernel and its input maker
+(:mod:`perfkit.measuring.ops.user_kernels`) are all named this way; ``model_path`` is put first on
+``sys.path`` (a notebook's folder-relative path made absolute, so a later ``chdir`` does not move it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from perfkit.core.errors import BadInputError
+
+__all__ = ["load_entry_point"]
+
+
+def _import_module(module: str, model_path: str | None, what: str):
+    if model_path:
+        model_path = os.path.abspath(model_path)  # a later chdir must not move it
+        if model_path not in sys.path:
+            sys.path.insert(0, model_path)
+    try:
+        return importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - any failure to import is the user's to see, in one line
+        where = f" (model_path {model_path!r})" if model_path else " (set model_path or PYTHONPATH)"
+        raise BadInputError(f"{what}: module {module!r} does not import{where}: "
+                            f"{type(err).__name__}: {err}".splitlines()[0]) from None
+
+
+def load_entry_point(target: str, model_path: str | None = None) -> Callable:
+    """The function ``package.module:function`` names, imported (``model_path`` first on sys.path)."""
+    module, sep, function = target.partition(":")
+    if not sep or not module or not function:
+        raise BadInputError(f"entry point {target!r}: write it as 'package.module:function'")
+    found = _import_module(module, model_path, f"entry point {target!r}")
+    fn = getattr(found, function, None)
+    if not callable(fn):
+        raise BadInputError(f"entry point {target!r}: module {module!r} has no function {function!r}")
+    return fn
