@@ -257,3 +257,27 @@ def test_a_hub_id_is_read_from_the_local_cache_and_never_downloaded(tmp_path, mo
     work = catalog.build(catalog.make("hf:acme/tiny-next", {}, seq_len=24), device="meta")
     assert type(work.model).__name__ == "Qwen3NextForCausalLM"
     assert "snapshots/abc123/config.json" in work.config_note
+
+
+def test_a_local_config_is_part_of_the_configuration_id_so_an_edited_one_runs_again(tmp_path):
+    """hf:./folder names a file whose contents are the model: a sweep resumed after the file was
+    edited must not keep the row measured on the old one (issue 56's note)."""
+    import hashlib
+    import json as _json
+
+    from perfkit.run.notebooks import config_id, read_notebook
+
+    spec = read_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "train_step.ipynb")
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(_json.dumps({"model_type": "llama", "hidden_size": 64}))
+    params = {"model": f"hf:{folder}"}
+    first = config_id(spec, params)
+    assert config_id(spec, params) == first  # the same file: the same configuration
+    (folder / "config.json").write_text(_json.dumps({"model_type": "llama", "hidden_size": 128}))
+    assert config_id(spec, params) != first
+    assert config_id(spec, {"model": f"hf:{folder / 'config.json'}"}) != first
+    # no file named: the id is what it always was (existing results keep their ids)
+    plain = {"model": "hf:llama", "batch_size": 8}
+    blob = _json.dumps({"code": spec.code_sha256, "params": plain}, sort_keys=True, default=str)
+    assert config_id(spec, plain) == f"train_step-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"

@@ -141,6 +141,8 @@ def test_query_prints_and_writes_csv_and_parquet(mixed, tmp_path, capsys):
     assert main(["query", str(mixed), sql]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split() == ["batch_size", "n", "tokens_per_s"] and len(printed) == 1 + len(want)
+    # a batch size is printed as the whole number it is, though Parquet holds it as a float (issue 55)
+    assert [line.split()[0] for line in printed[1:]] == [str(int(b)) for b in want["batch_size"]]
     assert main(["query", str(mixed), sql, "--csv", str(tmp_path / "out" / "a.csv")]) == 0
     csv = pd.read_csv(tmp_path / "out" / "a.csv")
     assert csv["batch_size"].tolist() == want["batch_size"].tolist()
@@ -213,3 +215,16 @@ def test_query_keeps_each_files_types(tmp_path, monkeypatch, max_groups):
     assert got["config_id"].tolist() == ["a", "b", "c"] and got["x"].tolist() == [1.0, 4.5, 2.0]
     assert got["tag"].isna().tolist() == [True, False, True] and got["tag"][1] == "t"
     assert got["extra_s"].isna().tolist() == [True, True, False] and got["extra_s"][2] == 0.25
+
+
+def test_whole_numbers_stored_as_floats_print_as_integers(tmp_path, capsys):
+    """A batch size in a file where another row has none is a float column in Parquet: the table
+    prints 16, not 16.0, and an empty cell blank (issue 55); measured floats stay floats."""
+    from perfkit.core.results import write_rows
+
+    write_rows(pd.DataFrame({"config_id": ["a", "b", "c"], "workload": ["train_step", "train_step", "gemm"],
+                             "status": ["ok", "ok", "ok"], "batch_size": [16.0, 32.0, float("nan")],
+                             "time_s": [0.5, 0.25, 0.125]}), tmp_path / "results" / "x.parquet")
+    assert main(["query", str(tmp_path), "SELECT config_id, batch_size, time_s FROM results ORDER BY config_id"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in lines[1:]] == [["a", "16", "0.500"], ["b", "32", "0.250"], ["c", "0.125"]]

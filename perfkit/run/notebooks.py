@@ -275,7 +275,35 @@ def check_params(spec: NotebookSpec, params: Mapping[str, object], *,
 
 
 def config_id(spec: NotebookSpec, params: Mapping[str, object]) -> str:
-    """Stable id of (notebook code, parameters): the notebook's stem and 12 hex digits."""
-    blob = json.dumps({"code": spec.code_sha256, "params": dict(params)}, sort_keys=True, default=str)
-    return f"{spec.path.stem}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    """Stable id of (notebook code, parameters, the model configuration files they name): the
+    notebook's stem and 12 hex digits.
+
+    A parameter ``hf:./folder`` (or ``hf:path/config.json``) names a file whose contents are the
+    model: its digest is part of the id, so editing the file makes a new configuration and a resumed
+    sweep runs it again instead of keeping the row of the old one. Ids of configurations that name
+    no such file are as before."""
+    blob = {"code": spec.code_sha256, "params": dict(params)}
+    files = _model_files(spec.path.parent, params)
+    if files:
+        blob["files"] = files
+    text = json.dumps(blob, sort_keys=True, default=str)
+    return f"{spec.path.stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _model_files(folder: Path, params: Mapping[str, object]) -> dict[str, str]:
+    """Parameter → sha256 of the local ``config.json`` an ``hf:`` path names (relative to the
+    notebook's folder, where its kernel runs); hub ids and model types name no file here."""
+    out = {}
+    for name, value in params.items():
+        if not (isinstance(value, str) and value.startswith("hf:")):
+            continue
+        target = value[3:]
+        if not target.startswith((".", "/", "~")):
+            continue
+        path = Path(target).expanduser()
+        path = path if path.is_absolute() else folder / path
+        found = path / "config.json" if path.is_dir() else path
+        if found.is_file():
+            out[name] = hashlib.sha256(found.read_bytes()).hexdigest()
+    return out
 

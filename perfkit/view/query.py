@@ -196,10 +196,23 @@ def run_query(args) -> int:
     finally:
         con.close()
     more = len(frame) > args.max_rows
-    frame = frame.head(args.max_rows)
+    frame = _whole_numbers(frame.head(args.max_rows))
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 60):
         print(frame.to_string(index=False) if len(frame.columns) else "(no columns)")
     if more:
         print(f"(first {args.max_rows} rows shown: --max-rows N for more, --csv/--parquet PATH for all)",
               file=sys.stderr)
     return 0
+
+
+def _whole_numbers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Float columns holding only whole numbers shown as integers (a batch size is 16, not 16.0:
+    Parquet stores it as a float where other workloads' rows leave it empty); empty cells blank."""
+    out = frame.copy()
+    for name in out.columns:
+        col = out[name]
+        if pd.api.types.is_float_dtype(col):
+            values = col.dropna()
+            if len(values) and bool((values == values.round()).all()) and bool((values.abs() < 2**53).all()):
+                out[name] = [("" if pd.isna(v) else str(int(v))) for v in col]
+    return out
