@@ -108,7 +108,7 @@ browser:
 # GPU node's torch brings its own).
 triton: venv
 	@if ! $(PY) -c "import triton" 2>/dev/null; then echo "installing perfkit[triton] (the kernels' Triton example)"; \
-	  if [ -x $(VENV)/bin/uv ]; then $(VENV)/bin/uv pip install -q --python $(PY) --index-strategy unsafe-best-match $$($(PY) .ci/pip_sources.py) -e '.[triton]'; \
+	  if [ -x $(VENV)/bin/uv ]; then $(VENV)/bin/uv pip install -q --python $(PY) $$($(PY) .ci/pip_sources.py) -e '.[triton]'; \
 	  else $(PIP_INSTALL) -e '.[triton]'; fi || echo "triton could not be installed: its tests skip and say why"; fi
 
 # HTA's critical-path analysis is the reference the step graph's critical path is held to
@@ -121,7 +121,7 @@ HTA_DEPS := "pandas<3" numpy networkx plotly pydot psutil pyyaml
 hta: $(HTA_VENV)/.ok
 $(HTA_VENV)/.ok: | $(STAMP)
 	@rm -rf $(HTA_VENV) && $(PYTHON) -m venv $(HTA_VENV) && \
-	if [ -x $(VENV)/bin/uv ]; then install="$(VENV)/bin/uv pip install -q --python $(HTA_VENV)/bin/python --index-strategy unsafe-best-match $$($(PY) .ci/pip_sources.py)"; \
+	if [ -x $(VENV)/bin/uv ]; then install="$(VENV)/bin/uv pip install -q --python $(HTA_VENV)/bin/python $$($(PY) .ci/pip_sources.py)"; \
 	else install="$(HTA_VENV)/bin/python -m pip install -q --disable-pip-version-check"; fi; \
 	($$install --no-deps "HolisticTraceAnalysis==0.5.0" && $$install $(HTA_DEPS) && touch $@ \
 	 && echo "built $(HTA_VENV): HTA's critical path, the step graph's reference") \
