@@ -16,7 +16,7 @@ EXTRAS      := dev,slurm,hf,tfrecord,webdataset,ray
 DEMO_DIR    ?= runs/quickstart
 DEMO_WORKERS ?= 1
 
-.PHONY: venv demo test test-fast docs browser hta triton clean help
+.PHONY: venv demo test test-fast docs browser hta clean help
 
 help:
 	@echo "make demo   create .venv, run the quickstart on this machine's device, write $(DEMO_DIR)/report.html"
@@ -82,7 +82,7 @@ TEST_WORKERS ?= 4
 # rather than by the first of the workers' processes that import each.
 COMPILE_OWN = $(PY) -m compileall -q -j 0 perfkit tests >/dev/null
 # The rows go to a folder of their own, removed after a green run (kept and named after a red one).
-test: venv browser hta triton
+test: venv browser hta
 	@$(COMPILE_OWN)
 	out=$$(mktemp -d -t perfkit-test-rows.XXXXXX); \
 	PERFKIT_OUT=$$out PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
@@ -102,14 +102,6 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
 	  || echo "chromium could not be installed: the browser test will skip with the reason"; \
 	fi
-
-# Triton for the kernels notebook's Triton example and its tests (interpreted on a CPU): an extra that
-# `make test` installs and `make demo` does not; kept where the venv already imports a triton (a
-# GPU node's torch brings its own).
-triton: venv
-	@if ! $(PY) -c "import triton" 2>/dev/null; then echo "installing perfkit[triton] (the kernels' Triton example)"; \
-	  if [ -x $(VENV)/bin/uv ]; then $(VENV)/bin/uv pip install -q --python $(PY) $$($(PY) .ci/pip_sources.py) -e '.[triton]'; \
-	  else $(PIP_INSTALL) -e '.[triton]'; fi || echo "triton could not be installed: its tests skip and say why"; fi
 
 # HTA's critical-path analysis is the reference the step graph's critical path is held to
 # (tests/test_step_graph.py). It needs pandas < 3 (under pandas 3 it raises in DataFrame.drop), so

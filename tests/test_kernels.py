@@ -114,21 +114,3 @@ def test_a_faster_impl_needs_its_whole_interval_past_one_and_an_incorrect_one_is
     fast = kernels.fast_p(table.reset_index()).set_index("impl")
     assert fast.loc["fast", "fast_1.5"] == 1.0 and fast.loc["fast", "fast_2"] == 0.0  # 2.0 is not > 2
     assert fast.loc["cheat", "fast_1"] == 0.0
-
-
-def test_a_triton_kernel_is_checked_against_the_reference_in_the_interpreter():
-    """The worked example's Triton RMSNorm (one program per row, fp32 inside), run by Triton's
-    interpreter on CPU tensors: correct in fp32 and bf16, a non-power-of-two row masked, and every
-    row says whose times these are."""
-    pytest.importorskip("triton", reason="perfkit[triton] is not installed (make test installs it)")
-    rows = _frame(measure_kernels({"eager": "torch.nn.functional:rms_norm", "triton": "my_kernels:rms_norm_triton",
-                                   "wrong": "my_kernels:rms_norm_wrong"},
-                                  shapes=[{"rows": 16, "hidden": 256}, {"rows": 8, "hidden": 1000}], dtypes=["fp32", "bf16"],
-                                  **COMMON))
-    assert (rows["status"] == "ok").all()
-    triton_rows = rows[rows["impl"] == "triton"]
-    assert triton_rows["correct"].all() and len(triton_rows) == 4
-    assert (triton_rows[triton_rows["dtype"] == "fp32"]["max_abs_error"] < 1e-5).all()
-    assert rows["timing_note"].str.contains("interpreter").all()
-    fast = kernels.fast_p(kernels.speedups(rows)).set_index("impl")
-    assert fast.loc["triton", "fast_0"] == 1.0 and fast.loc["wrong", "fast_0"] == 0.0
