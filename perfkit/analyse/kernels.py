@@ -98,12 +98,12 @@ def roofline_points(rows: pd.DataFrame, ceilings: pd.DataFrame | None, *, origin
     })
     out["attainable_flop_per_s"] = math.nan
     if ceilings is not None and not ceilings.empty:
-        kw = {"origin": origin} if origin else {"origin": str(ceilings["origin"].iloc[0])} if "origin" in ceilings else {}
-        for k, row in out.iterrows():
+        how = origin or (str(ceilings["origin"].iloc[0]) if "origin" in ceilings else "measured")
+        for dtype, index in out.groupby("dtype").groups.items():  # one roof per dtype, every point at once
             try:
-                out.loc[k, "attainable_flop_per_s"] = attainable_flop_per_s(row["intensity_flop_per_byte"], ceilings,
-                                                                            row["dtype"], **kw)
+                out.loc[index, "attainable_flop_per_s"] = attainable_flop_per_s(
+                    out.loc[index, "intensity_flop_per_byte"].to_numpy(), ceilings, dtype, origin=how)
             except Exception:  # noqa: BLE001 - a dtype the ceilings do not have: no roof, said by NaN
-                out.loc[k, "attainable_flop_per_s"] = math.nan
+                pass
     out["percent_of_roof"] = 100 * out["flop_per_s"] / out["attainable_flop_per_s"]
     return out.reset_index(drop=True)

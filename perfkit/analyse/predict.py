@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfkit.analyse.network_model import NetworkModel
-from perfkit.analyse.step_graph import COMM, DEVICE, HOST, ISSUE, LAUNCH, THREAD, WAIT, StepGraph, replay
+from perfkit.analyse.step_graph import COMM, DEVICE, HOST, ISSUE, THREAD, WAIT, StepGraph, replay
 from perfkit.core.errors import BadInputError
 
 __all__ = ["LAYOUTS", "ModelFacts", "Prediction", "median_prediction", "what_if"]
@@ -119,11 +119,8 @@ def _compute_nodes(g: StepGraph) -> list[int]:
 
 def _time_key(g: StepGraph, i: int) -> float:
     """When a compute node was issued: a device task by its launch, a host leaf by its start."""
-    if g.kind[i] == DEVICE:
-        launch = [g.src[e] for e in g.edges_into(i, LAUNCH)]
-        if launch:
-            return g.start_measured_us[launch[0]]
-    return g.start_measured_us[i]
+    launch = g.launcher(i) if g.kind[i] == DEVICE else -1
+    return g.start_measured_us[launch if launch >= 0 else i]
 
 
 class _Editor:

@@ -110,6 +110,7 @@ class StepGraph:
     """Per ``thread`` edge from one top-level op to the next, the part of its lag outside any op
     (from the one's end to the other's start: Python, the framework), which HTA's critical path
     counts as zero."""
+    _launchers: tuple | None = field(default=None, repr=False, compare=False)
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Measured (start, end) µs of the step's ``backward`` (the autograd engine's functions, any
     thread), ``optimizer`` (``Optimizer.step#``) and ``zero_grad``, where the trace has them."""
@@ -148,8 +149,16 @@ class StepGraph:
         for name in ("src", "dst", "edge_kind", "lag_us", "from_end", "to_end"):
             column = getattr(self, name)
             setattr(self, name, [column[e] for e in kept])
+        self._launchers = None
         renumber = {e: k for k, e in enumerate(kept)}
         self.idle_us = {renumber[e]: t for e, t in self.idle_us.items() if e in renumber}
+
+    def launcher(self, node: int) -> int:
+        """The runtime call that launched a device task (its ``launch`` edge's source), or -1; one
+        pass over the edges builds the map, rebuilt after the edges change."""
+        if self._launchers is None or self._launchers[0] != len(self.src):
+            self._launchers = (len(self.src), {d: s for s, d, k in zip(self.src, self.dst, self.edge_kind) if k == LAUNCH})
+        return self._launchers[1].get(node, -1)
 
     def edges_into(self, node: int, kind: str | None = None) -> list[int]:
         return [e for e in range(len(self.dst)) if self.dst[e] == node and (kind is None or self.edge_kind[e] == kind)]
