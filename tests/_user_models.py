@@ -253,3 +253,16 @@ def device_like(width: int = 256, depth: int = 4, delay_ms: float = 5.0, seed: i
         return torch.randn(batch_size, width, generator=gen), torch.randn(batch_size, generator=gen)
 
     return {"model": model, "make_batch": make_batch, "loss_fn": F.mse_loss, "blocks": list(model.layers)}
+
+
+def sequential_with_grad_scaled_on_rank_1(grad_scale: float = 1.0, **size):
+    """``sequential`` with every parameter's gradient multiplied by ``grad_scale`` on rank 1 only,
+    before DDP's all-reduce: a deliberate defect (0.5: the averaged gradient is 0.75 of the true
+    one) that the step time cannot see and the loss trajectory must. 1.0 is the healthy model."""
+    import torch.distributed as dist
+
+    built = sequential(**size)
+    if grad_scale != 1.0 and dist.is_initialized() and dist.get_rank() == 1:
+        for p in built["model"].parameters():
+            p.register_hook(lambda g, s=grad_scale: g * s)
+    return built

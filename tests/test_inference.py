@@ -269,6 +269,9 @@ def test_the_work_behind_the_acceptance_ratios_is_counted_not_timed():
         assert row["status"] == "ok", (name, row["error"])
     c128, c512, f512 = rows["cache128"], rows["cache512"], rows["full512"]
     assert c512["tokens_digest"] == f512["tokens_digest"]
+    # The ids themselves are kept (batch × new_tokens, flattened): perfkit compare's numerics read them.
+    assert len(c512["greedy_token_ids"]) == 1 * 16 and c512["greedy_token_ids"] == f512["greedy_token_ids"]
+    assert c512["greedy_token_ids"] != c128["greedy_token_ids"]  # another prompt, other tokens
     assert 1.0 < c512["decode_bytes"] / c128["decode_bytes"] <= 1.5
     assert 2 <= c512["prefill_flop"] / c128["prefill_flop"] <= 6
     assert f512["decode_flop"] / c512["decode_flop"] >= 4

@@ -32,6 +32,12 @@ run-to-run interval, Mann–Whitney U, threshold AND significance), the p-values
 every point compared. A point with one round a side cannot measure how much runs differ: its CI
 holds the stated ``run_to_run`` spread (5 % unless told), and a note says how large a change that
 lets it call.
+
+**Numerics** (:mod:`perfkit.analyse.numerics`): every point also says whether the new side's
+results are the base's: training losses step by step within the precision pair's tolerance,
+inference's greedy tokens equal, a kernel within its tolerance of its reference — ``same``,
+``differs`` (the largest deviation) or ``n/a`` (why). A point whose numerics differ fails the
+gate with exit 4, however fast it is, unless ``accept_numerics``.
 """
 
 from __future__ import annotations
@@ -46,14 +52,15 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import BadInputError
-from . import ab_stats
+from . import ab_stats, numerics
 from .compare_match import DESCRIPTORS, canon, lower_is_better, match_pair
 
 __all__ = ["DESCRIPTORS", "Comparison", "compare_frames", "compare_by"]
 
 _POINT_COLUMNS = ("point", "notebook", "base", "new", "metric", "lower_is_better", "n_base", "n_new",
                   "rounds_base", "rounds_new", "median_base", "median_new", "ratio", "ci_low",
-                  "ci_high", "p_value", "p_holm", "run_to_run", "run_to_run_df", "verdict", "why")
+                  "ci_high", "p_value", "p_holm", "run_to_run", "run_to_run_df", "verdict", "why",
+                  "numerics", "numerics_deviation", "numerics_basis", "numerics_why")
 _VERDICT_ORDER = {"slower": 0, "inconclusive": 1, "faster": 2, "same": 3}
 
 
@@ -85,13 +92,23 @@ class Comparison:
     """A point not compared (on one side only, or not ``ok`` on a side) fails like a slower one."""
     run_to_run: float = ab_stats.RUN_TO_RUN
     """The spread between runs assumed where a point's rounds cannot measure it."""
+    accept_numerics: bool = False
+    """Points whose numerics differ do not fail the gate (they are still shown)."""
+
+    @property
+    def numerics_differ(self) -> int:
+        """How many points' numerics differ."""
+        return int((self.points["numerics"] == "differs").sum()) if len(self.points) else 0
 
     @property
     def exit_code(self) -> int:
-        """1 if any point is slower (or, ``strict``, not compared); else 3 if any is inconclusive,
-        on one side only or not compared; else 0."""
+        """4 if any point's numerics differ (unless ``accept_numerics``): a wrong result fails
+        first, fast or not; else 1 if any point is slower (or, ``strict``, not compared); else 3
+        if any is inconclusive, on one side only or not compared; else 0."""
         verdicts = set(self.points["verdict"]) if len(self.points) else set()
         missing = len(self.one_side) + self.uncompared
+        if self.numerics_differ and not self.accept_numerics:
+            return 4
         if "slower" in verdicts or (self.strict and missing):
             return 1
         return 3 if "inconclusive" in verdicts or missing else 0
@@ -106,7 +123,12 @@ class Comparison:
         if len(self.one_side):
             parts.append(f"{len(self.one_side)} on one side only")
         words = ", ".join(parts) or "no point compared"
-        return f"{words} (Holm over {len(self.points)} points) → exit {self.exit_code}"
+        judged = self.points["numerics"].value_counts() if len(self.points) else {}
+        checks = ", ".join(f"{judged[v]} {v}" for v in numerics.NUMERICS if v in judged)
+        accepted = " (accepted)" if self.numerics_differ and self.accept_numerics else ""
+        # Rows that record no results (GEMM, collectives) leave every point n/a: nothing to say then.
+        checks = f"; numerics: {checks}{accepted}" if set(judged.keys()) - {"n/a"} else ""
+        return f"{words} (Holm over {len(self.points)} points){checks} → exit {self.exit_code}"
 
 
 def _check(threshold, alpha, metric, frames, key, run_to_run=ab_stats.RUN_TO_RUN) -> None:
@@ -131,12 +153,13 @@ def _check(threshold, alpha, metric, frames, key, run_to_run=ab_stats.RUN_TO_RUN
 
 
 def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, seed, strict,
-            run_to_run) -> Comparison:
+            run_to_run, accept_numerics=False) -> Comparison:
     stats = [(ab_stats.compare_samples(b, n, seed=seed, run_to_run=run_to_run), info)
              for b, n, info in acc["points"]]
+    checked = [numerics.judge(*info.pop("evidence")) for _, info in stats]
     p_holm = ab_stats.holm([c.p_value for c, _ in stats]) if stats else []
     judged, stated = [], []
-    for (c, info), p in zip(stats, p_holm):
+    for (c, info), p, num in zip(stats, p_holm, checked):
         v, why = ab_stats.verdict(c, p_adjusted=p, lower_is_better=info["lower_is_better"],
                                   threshold=threshold, alpha=alpha)
         if c.run_to_run_df == 0 and c.n_base and c.n_new:
@@ -145,7 +168,9 @@ def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, see
                        "rounds_new": c.groups_new, "median_base": c.median_base, "median_new": c.median_new,
                        "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "p_value": c.p_value,
                        "p_holm": p, "run_to_run": c.run_to_run, "run_to_run_df": c.run_to_run_df,
-                       "verdict": v, "why": why})
+                       "verdict": v, "why": why, "numerics": num.verdict,
+                       "numerics_deviation": num.deviation, "numerics_basis": num.basis,
+                       "numerics_why": num.why})
     if stated:
         # The smallest change such a point can call: its CI's run-to-run half-width, z·σ·√(1/k_b + 1/k_n).
         reach = math.exp(NormalDist().inv_cdf(0.975) * run_to_run * max(stated)) - 1
@@ -166,7 +191,7 @@ def _finish(acc, *, base_label, new_labels, metric, threshold, alpha, notes, see
         not_ok=not_ok, env_changes=pd.DataFrame(acc["env"], columns=["side", "field", "base", "new"]),
         base_label=base_label, new_labels=tuple(new_labels), metric=metric, threshold=threshold,
         alpha=alpha, notes=tuple(dict.fromkeys(notes)), uncompared=acc["uncompared"], strict=strict,
-        run_to_run=run_to_run)
+        run_to_run=run_to_run, accept_numerics=accept_numerics)
 
 
 def _prepared(frame: pd.DataFrame) -> pd.DataFrame:
@@ -186,10 +211,12 @@ def _acc() -> dict:
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None = None,
                    threshold: float = 0.05, alpha: float = 0.05, base_label: str = "base",
                    new_label: str = "new", key: Sequence[str] = (), seed: int = 0,
-                   strict: bool = False, run_to_run: float = ab_stats.RUN_TO_RUN) -> Comparison:
+                   strict: bool = False, run_to_run: float = ab_stats.RUN_TO_RUN,
+                   accept_numerics: bool = False) -> Comparison:
     """Two sets of rows (two sweeps, before and after) matched point by point and judged;
     ``strict``: a point not compared (one side only, not ok on a side) exits 1, not 3;
-    ``run_to_run``: the spread between runs assumed where the rounds cannot measure it."""
+    ``run_to_run``: the spread between runs assumed where the rounds cannot measure it;
+    ``accept_numerics``: numerics that differ are shown but do not fail the gate (exit 4)."""
     _check(threshold, alpha, metric, (base, new), key, run_to_run)
     base, new = _prepared(base), _prepared(new)
     notes = [f"{base_label} and {new_label} were measured at different times: drift between the runs "
@@ -207,12 +234,13 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, *, metric: str | None 
                             f"vs {', '.join(map(str, new['notebook'].dropna().unique())) or 'none'})")
     return _finish(acc, base_label=base_label, new_labels=(new_label,), metric=metric,
                    threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict,
-                   run_to_run=run_to_run)
+                   run_to_run=run_to_run, accept_numerics=accept_numerics)
 
 
 def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = None,
                threshold: float = 0.05, alpha: float = 0.05, key: Sequence[str] = (),
-               seed: int = 0, strict: bool = False, run_to_run: float = ab_stats.RUN_TO_RUN) -> Comparison:
+               seed: int = 0, strict: bool = False, run_to_run: float = ab_stats.RUN_TO_RUN,
+               accept_numerics: bool = False) -> Comparison:
     """Every other value of column ``by`` (an A/B sweep's ``variant``) against ``base``."""
     if by not in frame:
         splits = [c for c in frame.columns if not c.startswith("env_") and frame[c].map(canon).nunique() in range(2, 21)
@@ -236,4 +264,4 @@ def compare_by(frame: pd.DataFrame, *, by: str, base: str, metric: str | None = 
         notes.append(f"{int(values.isna().sum())} rows without a value of {by!r} were left out")
     return _finish(acc, base_label=str(base), new_labels=new_labels, metric=metric,
                    threshold=threshold, alpha=alpha, notes=notes, seed=seed, strict=strict,
-                   run_to_run=run_to_run)
+                   run_to_run=run_to_run, accept_numerics=accept_numerics)

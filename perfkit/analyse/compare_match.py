@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import BadInputError
+from . import numerics
 
 __all__ = ["DESCRIPTORS", "WORKLOAD_METRICS", "TIMED_BY", "canon", "lower_is_better", "samples_column",
            "match_pair", "env_changes"]
@@ -20,10 +21,10 @@ __all__ = ["DESCRIPTORS", "WORKLOAD_METRICS", "TIMED_BY", "canon", "lower_is_bet
 DESCRIPTORS = (
     "op", "inplace", "dtype", "size", "m", "n", "k", "size_bytes", "world_size", "model",
     "batch_size", "precision", "parallelism", "seq_len", "mode", "kind", "level", "origin",
-    "working_set_bytes", "family", "input_shapes",
+    "working_set_bytes", "family", "input_shapes", "impl", "shape",
 )
 """Columns that say which point a row is, as perfkit's notebooks write them (gemm, roofline,
-collectives, train_step, scaling, peaks)."""
+collectives, train_step, scaling, peaks, kernels)."""
 WORKLOAD_METRICS = {
     "train_step": ("step_time_s",),
     "scaling": ("step_time_s",),
@@ -148,6 +149,8 @@ class _Entry:
     reason: object
     samples: dict
     """Metric → raw samples (empty for a row that is not ``ok``)."""
+    evidence: numerics.Evidence | None = None
+    """What the row shows of its results (losses, greedy tokens, kernel errors), ``ok`` rows only."""
 
 
 class _Matcher:
@@ -239,7 +242,8 @@ class _Matcher:
                 if not samples:
                     continue  # an ok row without these metrics measured something else
             out.append(_Entry(key=(pkey, dkey, order), pkey=pkey, status=row["status"],
-                              reason=row.get("reason"), samples=samples))
+                              reason=row.get("reason"), samples=samples,
+                              evidence=numerics.evidence(row) if row["status"] == "ok" else None))
         return out
 
     def labels(self) -> dict[tuple, str]:
@@ -294,7 +298,9 @@ def _add_points(acc, ok_b, ok_n, info, *, base_label, new_label) -> None:
         if groups_b and groups_n:
             acc["points"].append((groups_b, groups_n, {**info, "base": base_label, "new": new_label,
                                                        "metric": metric,
-                                                       "lower_is_better": lower_is_better(metric)}))
+                                                       "lower_is_better": lower_is_better(metric),
+                                                       "evidence": ([e.evidence for e in ok_b if metric in e.samples],
+                                                                    [e.evidence for e in ok_n if metric in e.samples])}))
         else:
             acc["one_side"].append({"side": base_label if groups_b else new_label, "point": info["point"],
                                     "notebook": info["notebook"], "metric": metric})

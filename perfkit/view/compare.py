@@ -18,7 +18,7 @@ from ..analyse.compare import Comparison, compare_by, compare_frames
 from ..core.errors import BadInputError
 
 __all__ = ["add_compare_command", "run_compare", "load_rows", "render_terminal", "render_markdown",
-           "to_json"]
+           "to_json", "environment", "claims"]
 
 HELP = """\
 Did a change make it faster? Match the rows of BASE_DIR and NEW_DIR (two sweeps), or of one A/B
@@ -48,12 +48,21 @@ state a quieter machine's spread (--run-to-run 0.01).
 Points on one side only and points not ok on a side (failed, oom, skipped, ...) are listed, and
 environment fingerprint fields that changed (torch, driver, device) are shown at the top.
 
+Numerics beside speed: each point also says whether the new side computes what the base did
+(`same`, `differs` with the largest deviation, `n/a` with why). Training rows: the loss at every
+step within k x the per-step rtol of the looser precision of the pair (torch.testing's rtol: fp32
+1.3e-6, fp16 and tf32 1e-3, bf16 1.6e-2, fp8 0.0625) at step k. Inference rows: the greedy token
+ids equal. Kernel rows: within their rtol/atol of the reference. Rows that record no results
+(GEMM, collectives) are n/a.
+
 Exit codes: 0 no regression shown; 1 at least one point slower; 2 bad input (nothing compared);
 3 no regression shown, but some point inconclusive, on one side only, or not compared (a side
-not ok). With --strict a point on one side only or not compared exits 1.
+not ok); 4 some point's numerics differ (checked first: a faster wrong result fails the gate),
+unless --accept-numerics. With --strict a point on one side only or not compared exits 1.
 """
 
 _MARK = {"slower": "🔴", "faster": "🟢", "same": "⚪", "inconclusive": "🟡"}
+_NUM_MARK = {"same": "✅ same", "differs": "❌ differs", "n/a": "n/a"}
 
 
 def add_compare_command(sub) -> None:
@@ -73,6 +82,8 @@ def add_compare_command(sub) -> None:
                         "side has one round and cannot measure it (default 0.05 = 5 %%, shared GPU clusters)")
     p.add_argument("--key", action="append", default=[], metavar="COL",
                    help="another column that tells points apart (repeatable)")
+    p.add_argument("--accept-numerics", action="store_true",
+                   help="numerics that differ are shown but do not fail the gate (default: exit 4)")
     p.add_argument("--strict", action="store_true",
                    help="a point on one side only, or not ok on a side, fails the gate: exit 1 (default 3)")
     p.add_argument("--markdown", metavar="FILE", help="also write the comparison as markdown (a CI comment)")
@@ -131,11 +142,8 @@ def _advice_markdown(args, new_side: pd.DataFrame) -> str:
     from ..analyse.advice.rules import all_rules
     from .advice_text import render_markdown as advice_markdown
 
-    if args.by is not None:
-        rows = new_side[new_side[args.by].astype(str) != str(args.base)]
-        where = f"{args.base_dir} ({args.by} != {args.base})"
-    else:
-        rows, where = new_side, args.new_dir
+    where = f"{args.base_dir} ({args.by} != {args.base})" if args.by is not None else args.new_dir
+    rows = new_side
     try:
         return "\n" + advice_markdown(advise(rows, all_rules()), directory=where)
     except BadInputError as e:  # no ok rows on the new side: the comparison above says why
@@ -146,10 +154,11 @@ def run_compare(args) -> int:
     """``perfkit compare``: compare, print, write the files asked for; the comparison's exit code."""
     _check_args(args)
     options = dict(metric=args.metric, threshold=args.threshold, alpha=args.alpha, key=tuple(args.key),
-                   strict=args.strict, run_to_run=args.run_to_run)
+                   strict=args.strict, run_to_run=args.run_to_run, accept_numerics=args.accept_numerics)
     if args.by is not None:
-        new_side = load_rows(args.base_dir)
-        c = compare_by(new_side, by=args.by, base=args.base, **options)
+        rows = load_rows(args.base_dir)
+        c = compare_by(rows, by=args.by, base=args.base, **options)
+        new_side = rows[rows[args.by].astype(str) != str(args.base)]
         title = f"{args.base_dir} by {args.by}"
     else:
         new_side = load_rows(args.new_dir)
@@ -157,7 +166,8 @@ def run_compare(args) -> int:
         title = f"base {args.base_dir} → new {args.new_dir}"
     print(render_terminal(c, title=title))
     if args.markdown:
-        text = render_markdown(c, title=title) + (_advice_markdown(args, new_side) if args.advice else "")
+        text = (render_markdown(c, title=title, environment=environment(new_side))
+                + (_advice_markdown(args, new_side) if args.advice else ""))
         Path(args.markdown).write_text(text, encoding="utf-8")
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(c), indent=2) + "\n", encoding="utf-8")
@@ -203,6 +213,12 @@ def _not_ok(c: Comparison) -> list[tuple]:
     return [(", ".join(sides), *k, n) for k, (sides, n) in merged.items()]
 
 
+def _checked(c: Comparison) -> bool:
+    """Whether any point's numerics were checked: rows that record no results (GEMM, collectives)
+    leave every point n/a, and the column would say nothing."""
+    return bool(len(c.points)) and bool((c.points["numerics"] != "n/a").any())
+
+
 def render_terminal(c: Comparison, *, title: str = "") -> str:
     """The comparison as plain text: env changes first, the table, the lists, notes, summary."""
     out = [f"perfkit compare: {title}" if title else "perfkit compare"]
@@ -212,14 +228,19 @@ def render_terminal(c: Comparison, *, title: str = "") -> str:
                 for r in c.env_changes.itertuples()]
     out.append("")
     many = len(c.new_labels) > 1
-    rows = [[r.verdict, _ratio(r), _p(r.p_holm), f"{r.n_base}/{r.n_new}", f"{r.rounds_base}/{r.rounds_new}",
-             r.metric, r.point + (f" ({r.new} vs {r.base})" if many else "")] for r in c.points.itertuples()]
-    table = _table(["verdict", "new/base [95 % CI]", "p (Holm)", "n base/new", "rounds", "metric", "point"], rows)
+    checked = _checked(c)
+    rows = [[r.verdict, *([r.numerics] if checked else []), _ratio(r), _p(r.p_holm), f"{r.n_base}/{r.n_new}",
+             f"{r.rounds_base}/{r.rounds_new}", r.metric, r.point + (f" ({r.new} vs {r.base})" if many else "")]
+            for r in c.points.itertuples()]
+    table = _table(["verdict", *(["numerics"] if checked else []), "new/base [95 % CI]", "p (Holm)", "n base/new",
+                    "rounds", "metric", "point"], rows)
     out.append(table[0])
     for line, r in zip(table[1:], c.points.itertuples()):
         out.append(line)
         if r.verdict != "same":
             out.append(f"    {r.why}")
+        if r.numerics == "differs":
+            out.append(f"    numerics ({r.numerics_basis}): {r.numerics_why}")
     out.append(f"({_rule(c)})")
     if len(c.one_side):
         out += ["", "only on one side:"] + [f"  {r.side}: {r.point}" + _metric_of(r) for r in c.one_side.itertuples()]
@@ -241,24 +262,90 @@ def _md_table(header: list[str], rows: list[list]) -> list[str]:
             *("| " + " | ".join(_cell(x) for x in r) + " |" for r in rows)]
 
 
-def render_markdown(c: Comparison, *, title: str = "") -> str:
-    """The comparison as GitHub-flavoured markdown: summary first, changes, then the details."""
+def _speedup(r) -> tuple[float, float, float]:
+    """How many times faster the new side is, with its CI (a time's ratio inverted, a rate's kept)."""
+    if r.lower_is_better:
+        return 1 / r.ratio, 1 / r.ci_high, 1 / r.ci_low
+    return r.ratio, r.ci_low, r.ci_high
+
+
+def _numerics_phrase(r) -> str:
+    if r.numerics == "same":
+        return f"numerics within tolerance ({r.numerics_basis})"
+    if r.numerics == "differs":
+        return f"**numerics differ** ({r.numerics_basis}): {r.numerics_why}"
+    return f"numerics not checked ({r.numerics_why})"
+
+
+def claims(c: Comparison) -> list[str]:
+    """The line an upstream PR quotes, per faster point: "1.80× faster (95 % CI 1.62–1.98×,
+    step_time_s), numerics within tolerance (bf16 vs fp32, 5 steps)"."""
+    out = []
+    for r in c.points[c.points["verdict"] == "faster"].itertuples() if len(c.points) else ():
+        x, lo, hi = _speedup(r)
+        who = f" ({r.new} vs {r.base})" if len(c.new_labels) > 1 else ""
+        out.append(f"`{r.point}`{who}: **{x:.2f}× faster** (95 % CI {lo:.2f}–{hi:.2f}×, {r.metric}), "
+                   f"{_numerics_phrase(r)}")
+    return out
+
+
+_ENV_FIELDS = (("device", "env_device_name"), ("torch", "env_torch"), ("CUDA", "env_torch_cuda"),
+               ("HIP", "env_torch_hip"), ("driver", "env_driver"), ("NCCL", "env_nccl"),
+               ("perfkit", "env_perfkit"), ("git", "env_git_sha"), ("host", "env_hostname"))
+
+
+def environment(rows: pd.DataFrame) -> str:
+    """The environment the rows were measured in, one line: each fingerprint field's values."""
+    parts = []
+    for label, col in _ENV_FIELDS:
+        if col not in rows:
+            continue
+        values = [str(v) for v in dict.fromkeys(rows[col].dropna())]
+        if col == "env_git_sha":
+            dirty = "env_git_dirty" in rows and rows["env_git_dirty"].fillna(False).astype(bool).any()
+            values = [v[:10] + (" (uncommitted changes)" if dirty else "") for v in values]
+        if col == "env_device_name" and "env_device_count" in rows and rows["env_device_count"].notna().any():
+            values = [f"{v} ×{int(rows['env_device_count'].max())}" for v in values]
+        if values:
+            parts.append(f"{label} {', '.join(values)}")
+    return "; ".join(parts)
+
+
+def render_markdown(c: Comparison, *, title: str = "", environment: str = "") -> str:
+    """The comparison as GitHub-flavoured markdown: summary first, the claims a PR makes (each
+    faster point with its numerics) and the environment, changes, then the details."""
     sides = ", ".join(f"`{n}`" for n in c.new_labels) + f" vs `{c.base_label}`"
-    out = [f"### perfkit compare: {sides}", "", f"**{c.summary}**", "",
-           f"<sub>{_cell(title) + ' · ' if title else ''}{_rule(c)}</sub>", ""]
+    out = [f"### perfkit compare: {sides}", "", f"**{c.summary}**", ""]
+    said = claims(c)
+    if said:
+        out += [f"- {line}" for line in said] + [""]
+    if c.numerics_differ:
+        verdict = ("shown, not failing the gate (--accept-numerics)" if c.accept_numerics
+                   else "the gate fails (exit 4) whatever the speed")
+        out += [f"❌ **{c.numerics_differ} point(s) compute something else than the base**: {verdict}.", ""]
+    if environment:
+        out += [f"<sub>Measured on: {_cell(environment)}</sub>", ""]
+    out += [f"<sub>{_cell(title) + ' · ' if title else ''}{_rule(c)}</sub>", ""]
     if len(c.env_changes):
         many = len(c.new_labels) > 1
         out += ["**Environment changed**", ""]
         out += _md_table(["field", *(["side"] if many else []), c.base_label, "new" if many else c.new_labels[0]],
                          [[f"`{r.field}`", *([r.side] if many else []), r.base, r.new]
                           for r in c.env_changes.itertuples()]) + [""]
-    header = ["verdict", "point", "metric", "new/base (95 % CI)", "p (Holm)", "n base / new", "why"]
+    checked = _checked(c)
+    header = ["verdict", *(["numerics"] if checked else []), "point", "metric", "new/base (95 % CI)", "p (Holm)",
+              "n base / new", "why"]
 
     def rows(frame):
-        return [[f"{_MARK[r.verdict]} {r.verdict}", f"`{r.point}`" + (f" ({r.new})" if len(c.new_labels) > 1 else ""),
-                 r.metric, _ratio(r), _p(r.p_holm), f"{r.n_base} / {r.n_new}", r.why] for r in frame.itertuples()]
+        return [[f"{_MARK[r.verdict]} {r.verdict}",
+                 *([_NUM_MARK[r.numerics] + (f" ({r.numerics_basis})" if r.numerics_basis else "")] if checked else []),
+                 f"`{r.point}`" + (f" ({r.new})" if len(c.new_labels) > 1 else ""),
+                 r.metric, _ratio(r), _p(r.p_holm), f"{r.n_base} / {r.n_new}",
+                 r.why + (f"; numerics: {r.numerics_why}" if r.numerics == "differs" else "")]
+                for r in frame.itertuples()]
 
-    changed, same = c.points[c.points["verdict"] != "same"], c.points[c.points["verdict"] == "same"]
+    moved = (c.points["verdict"] != "same") | (c.points["numerics"] == "differs")
+    changed, same = c.points[moved], c.points[~moved]
     if len(changed):
         out += _md_table(header, rows(changed)) + [""]
     if len(same):
@@ -288,6 +375,7 @@ def to_json(c: Comparison) -> dict:
     """The comparison as JSON-ready data (NaN as null)."""
     return {"base": c.base_label, "new": list(c.new_labels), "metric": c.metric, "threshold": c.threshold,
             "alpha": c.alpha, "correction": c.correction, "strict": c.strict, "run_to_run": c.run_to_run,
+            "accept_numerics": c.accept_numerics, "numerics_differ": c.numerics_differ, "claims": claims(c),
             "exit_code": c.exit_code,
             "summary": c.summary,
             "uncompared": c.uncompared, "points": _records(c.points), "one_side": _records(c.one_side),

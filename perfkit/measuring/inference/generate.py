@@ -405,6 +405,8 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         **(cache if cfg.kv_cache else {"kv_cache_bytes": 0, "state_bytes": 0}),
         # Equal digests: equal greedy tokens (with and without the cache, across precisions).
         "tokens_digest": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
+        # The ids themselves ([batch, N] flattened): perfkit compare's numerics say where two sides part.
+        "greedy_token_ids": tokens.cpu().reshape(-1).tolist(),
         "roofline_reason": "; ".join(dict.fromkeys(placed)) or None,
         "uncounted_ops": ", ".join(uncounted),
     }

@@ -32,12 +32,12 @@ from perfkit.core.devices import resolve_device
 from perfkit.core.errors import BadInputError
 from perfkit.core.progress import progress
 from perfkit.core.timing import measure
+from perfkit.core.tolerances import ASSERT_CLOSE
 
 __all__ = ["DEFAULT_TOLERANCES", "measure_kernels", "resolve_impls"]
 
 #: ``torch.testing.assert_close``'s defaults, (rtol, atol) by dtype (its documentation's table).
-DEFAULT_TOLERANCES = {"fp64": (1e-7, 1e-7), "fp32": (1.3e-6, 1e-5), "tf32": (1.3e-6, 1e-5),
-                      "bf16": (1.6e-2, 1e-5), "fp16": (1e-3, 1e-5)}
+DEFAULT_TOLERANCES = ASSERT_CLOSE
 _TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _L2_FLUSH_BYTES = 256 * 2**20  # triton.testing.do_bench's cache buffer
 

@@ -97,7 +97,18 @@ def slowdown_frame(points: pd.DataFrame) -> pd.DataFrame:
     n_new = data["n_new"] if "n_new" in data else [None] * len(data)
     data["n_text"] = [f"{_int(a)} vs {_int(b)}" for a, b in zip(n_base, n_new)]
     data["verdict"] = data["verdict"].astype(str)
+    data["numerics_text"] = [_numerics_text(r) for r in data.to_dict("records")]
     return data
+
+
+def _numerics_text(point: dict) -> str:
+    """"same (fp32, 5 steps)", "differs (…): why", "n/a: why" (points from before numerics: "")."""
+    verdict = point.get("numerics")
+    if not isinstance(verdict, str):
+        return ""
+    basis = point.get("numerics_basis") or ""
+    head = f"{verdict} ({basis})" if basis else verdict
+    return f"{head}: {point.get('numerics_why')}" if verdict != "same" and point.get("numerics_why") else head
 
 
 def _int(value) -> str:
@@ -136,8 +147,9 @@ def comparison_plot(points: pd.DataFrame, *, threshold: float = 0.05):
     metric = ", ".join(sorted(map(str, data["metric"].dropna().unique()))) if "metric" in data else ""
     hover = [("point", "@{label}"), ("verdict", "@{verdict}"), ("change", "@{change}"),
              ("ratio new/base", "@{ratio}{0.0000}"), ("95 % CI of ratio", "@{ci_text}"),
-             ("p after Holm", "@{p_text}"), ("samples", "@{n_text}"), ("why", "@{why}")]
-    vdims = ["y", "label", "verdict", "change", "ratio", "ci_text", "p_text", "n_text", "why"]
+             ("p after Holm", "@{p_text}"), ("samples", "@{n_text}"), ("why", "@{why}"),
+             ("numerics", "@{numerics_text}")]
+    vdims = ["y", "label", "verdict", "change", "ratio", "ci_text", "p_text", "n_text", "why", "numerics_text"]
     if "why" not in drawn:
         drawn = drawn.assign(why="")
     elements = [hv.VSpan(*band).opts(color="#bbbbbb", alpha=0.35, line_alpha=0),
@@ -169,14 +181,17 @@ def comparison_plot(points: pd.DataFrame, *, threshold: float = 0.05):
 
 def comparison_table(points: pd.DataFrame) -> pd.DataFrame:
     """The points in words, one row each, for display (a notebook shows it as an HTML table; the
-    report renders it): point, verdict, change, metric, ratio with its CI, p after Holm, samples, why."""
+    report renders it): point, verdict, numerics, change, metric, ratio with its CI, p after Holm,
+    samples, why."""
     data = slowdown_frame(points)
-    cols = {"label": "point", "verdict": "verdict", "change": "change", "metric": "metric", "ratio": "ratio new/base",
-            "ci_text": "95 % CI of ratio", "p_text": "p after Holm", "n_text": "samples base vs new",
-            "why": "why"}
+    cols = {"label": "point", "verdict": "verdict", "numerics_text": "numerics", "change": "change", "metric": "metric",
+            "ratio": "ratio new/base", "ci_text": "95 % CI of ratio", "p_text": "p after Holm",
+            "n_text": "samples base vs new", "why": "why"}
     if data.empty:
         return pd.DataFrame(columns=list(cols.values()))
     table = data.assign(why=data["why"] if "why" in data else "",
                         metric=data["metric"] if "metric" in data else "")[list(cols)].rename(columns=cols)
     table["ratio new/base"] = [f"{r:.4g}" if r == r else "n/a" for r in pd.to_numeric(data["ratio"])]
+    if "numerics" not in data or not data["numerics"].isin(("same", "differs")).any():
+        table = table.drop(columns="numerics")  # rows that record no results (GEMM): nothing to say
     return table
