@@ -16,7 +16,7 @@ EXTRAS      := dev,slurm,hf,tfrecord,webdataset,ray
 DEMO_DIR    ?= runs/quickstart
 DEMO_WORKERS ?= 1
 
-.PHONY: venv demo test test-fast docs browser hta clean help
+.PHONY: venv demo test test-fast docs browser hta triton clean help
 
 help:
 	@echo "make demo   create .venv, run the quickstart on this machine's device, write $(DEMO_DIR)/report.html"
@@ -82,7 +82,7 @@ TEST_WORKERS ?= 4
 # rather than by the first of the workers' processes that import each.
 COMPILE_OWN = $(PY) -m compileall -q -j 0 perfkit tests >/dev/null
 # The rows go to a folder of their own, removed after a green run (kept and named after a red one).
-test: venv browser hta
+test: venv browser hta triton
 	@$(COMPILE_OWN)
 	out=$$(mktemp -d -t perfkit-test-rows.XXXXXX); \
 	PERFKIT_OUT=$$out PERFKIT_STATIC=1 $(PY) -m pytest tests notebooks --ignore=tests/notebooks \
@@ -102,6 +102,22 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
 	  || echo "chromium could not be installed: the browser test will skip with the reason"; \
 	fi
+
+# Triton (perfkit[triton]) for the kernels' Triton example and its tests, interpreted on a CPU: `make
+# test` installs it, `make demo` does not. Into a folder of its own, .triton/, not the venv: the tests
+# that run Triton put it on their subprocesses' PYTHONPATH with TRITON_INTERPRET=1, which Triton reads
+# when it is first imported, and torch imports it by itself during a training step (a pytest worker
+# that ran one before could not interpret: "Cannot call @triton.jit'd outside of the scope of a
+# kernel"). The rest of the suite runs as a CPU user without Triton has it.
+TRITON_DIR ?= .triton
+triton: venv
+	@if [ ! -f $(TRITON_DIR)/.perfkit-installed ]; then echo "installing triton==3.9.0 into $(TRITON_DIR)/ (the kernels' Triton example)"; \
+	  rm -rf $(TRITON_DIR); \
+	  if [ -x $(VENV)/bin/uv ]; then $(VENV)/bin/uv pip install -q --python $(PY) --target $(TRITON_DIR) --no-deps \
+	    --index-strategy unsafe-best-match $$($(PY) .ci/pip_sources.py) "triton==3.9.0"; \
+	  else $(PIP_INSTALL) --target $(TRITON_DIR) --no-deps "triton==3.9.0"; fi \
+	  && touch $(TRITON_DIR)/.perfkit-installed \
+	  || echo "triton could not be installed: the Triton tests skip and say why"; fi
 
 # HTA's critical-path analysis is the reference the step graph's critical path is held to
 # (tests/test_step_graph.py). It needs pandas < 3 (under pandas 3 it raises in DataFrame.drop), so
@@ -125,4 +141,4 @@ docs: venv
 	@echo "docs: build/site/index.html"
 
 clean:
-	rm -rf $(VENV) $(HTA_VENV) runs perfkit-runs
+	rm -rf $(VENV) $(HTA_VENV) $(TRITON_DIR) runs perfkit-runs

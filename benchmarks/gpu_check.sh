@@ -13,7 +13,8 @@
 #              beside both predictions (H200 before: 1920 measured and fake, 2816
 #              analytic); bf16 and fp8, eager and compiled (fp8_reason); the SDPA count -> probes.jsonl
 #   nccl       one-rank nccl collectives, knobs checked on a live NCCL log    -> nccl.json
-#   sweep      a small sweep through papermill (GEMM, roofline, training with a trace,
+#   sweep      a small sweep through papermill (GEMM, roofline, training with a trace, the kernels
+#              notebook (RMSNorm eager, Triton, a wrong variant: no compile, within the budget),
 #              hf:llama inference), its report, advice and per-configuration walls
 #              (its ledger), packed; its device-busy share (view cells overlapped, the
 #              GPU default) goes into the summary. H200 before (issue 45): 16 configurations

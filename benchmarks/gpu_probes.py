@@ -148,6 +148,11 @@ parts:
     parameters: {{device: cuda, model: "hf:llama", precision: bf16, batch_sizes: [1, 8], prompt_len: 512,
                  new_tokens: 32, threads: 0, model_size: {{hidden_size: 1024, intermediate_size: 2816,
                  num_attention_heads: 16, num_hidden_layers: 6, num_key_value_heads: 8, vocab_size: 32000}}}}
+  - notebook: {repo}/notebooks/kernels.ipynb
+    parameters: {{device: cuda, model_path: {repo}/templates, dtypes: [bf16], min_run_time_s: 0.05,
+                 impls: {{eager: "torch.nn.functional:rms_norm", triton: "my_kernels:rms_norm_triton",
+                         wrong: "my_kernels:rms_norm_wrong"}},
+                 shapes: [{{rows: 4096, hidden: 4096}}, {{rows: 16384, hidden: 8192}}]}}
 """
 
 

@@ -78,6 +78,6 @@ def test_the_sweep_spec_of_the_check_expands_against_the_notebooks(tmp_path):
     out = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(spec), "--out", str(tmp_path / "s"),
                           "--dry-run"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    assert "4 configurations, 4 to run" in out.stdout
-    for notebook in ("gemm", "roofline", "train_step", "inference"):
+    assert "5 configurations, 5 to run" in out.stdout
+    for notebook in ("gemm", "roofline", "train_step", "inference", "kernels"):
         assert f"{notebook}-" in out.stdout

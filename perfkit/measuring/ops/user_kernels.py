@@ -215,10 +215,20 @@ def measure_kernels(impls: Mapping[str, str], *, reference: str, make_inputs: st
                 continue
             m, flush = _timer(call, device, min_run_time_s)
             rows.append({**row, "status": "ok", "reason": None, **check, **work, **m.as_row("time"),
-                         "l2_flush": flush,
+                         "l2_flush": flush, "timing_note": _timing_note(),
                          "flop_per_s": work["flop"] / m.median_s if work.get("flop") else math.nan,
                          "bytes_per_s": work["bytes"] / m.median_s if work.get("bytes") else math.nan})
     return rows
+
+
+def _timing_note() -> str | None:
+    """Why a row's time is not the device's, where it is not."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return ("TRITON_INTERPRET=1: Triton kernels ran in Triton's interpreter on the CPU: their results are "
+                "real, their times the interpreter's")
+    return None
 
 
 def _call(fn: Callable, args, grad_of, backward: bool, seed: int) -> Callable:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -262,7 +263,11 @@ def _cap_address_space(headroom_bytes: int) -> None:
     threads reserves a stack and a malloc arena (83 MiB for 2 threads on this project's VM), address
     space that no tensor uses and a device's budget would not count. Counted in the headroom, it put
     the found OOM edge two steps below the one predicted from tensors (20480 against 28672 samples
-    of a 1024-wide MLP in 512 MiB); started first, one (24576)."""
+    of a 1024-wide MLP in 512 MiB); started first, one (24576). Triton, where installed, is start-up
+    too: torch imports it during the first step (its libraries: 187 MiB more address space after one
+    mlp step here), which put the edge at 12288."""
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
     torch.ones(512, 512) @ torch.ones(512, 512)
     torch.ones(1 << 20).add_(1)  # an elementwise parallel_for too (its pool may differ from the BLAS one)
     with open("/proc/self/status") as f:
