@@ -3,6 +3,7 @@ templates/my_kernels.py (RMSNorm in torch ops, and a deliberately wrong variant)
 
 from __future__ import annotations
 
+import html
 import math
 from pathlib import Path
 
@@ -114,3 +115,38 @@ def test_a_faster_impl_needs_its_whole_interval_past_one_and_an_incorrect_one_is
     fast = kernels.fast_p(table.reset_index()).set_index("impl")
     assert fast.loc["fast", "fast_1.5"] == 1.0 and fast.loc["fast", "fast_2"] == 0.0  # 2.0 is not > 2
     assert fast.loc["cheat", "fast_1"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_report_has_a_kernels_section_with_the_notebook_s_views_and_renders(tmp_path):
+    """The report's Kernels section (issue 58): what ran, fast_p, the speedup table, perf_report and
+    the roofline under the roofs recorded beside the rows; a failed point listed with its reason;
+    no browser error."""
+    from jupyterlab_driver import report_page
+
+    from perfkit.core.results import RunContext, record
+    from perfkit.view.report import write_report
+
+    impls = {**IMPLS, "raises": "torch.nn.functional:softmax"}  # softmax(x, shape, ...) raises: a failed point
+    rows = measure_kernels(impls, shapes=[{"rows": 64, "hidden": 256}, {"rows": 64, "hidden": 1024}],
+                           dtypes=["fp32"], flops="my_kernels:rms_norm_flops", bytes_fn="my_kernels:rms_norm_bytes",
+                           **COMMON)
+    ctx = RunContext(results_path=tmp_path / "k" / "results" / "k.parquet", config_id="k", params={},
+                     param_names=(), notebook="kernels.ipynb")
+    record(rows, context=ctx)
+    roofs = [{"workload": "ceiling", "kind": "compute", "dtype": "fp32", "level": None, "value": 3e11,
+              "unit": "FLOP/s", "origin": "theoretical", "source": "test"},
+             {"workload": "ceiling", "kind": "memory", "dtype": None, "level": "DRAM", "value": 2e10,
+              "unit": "bytes/s", "origin": "measured", "source": "test"}]
+    record(roofs, context=ctx)
+    report = tmp_path / "report.html"
+    write_report(tmp_path / "k", report)
+    text = html.unescape(report.read_text()).replace('\\"', '"')
+    assert "Kernels: yours against the reference, correct first" in text
+    assert "Incorrect: 2 point(s) outside tolerance" in text  # the wrong variant at both shapes
+    assert "<h3>fast_p</h3>" in text and "rows=64, hidden=1024" in text
+    assert "<h3>Failed points</h3>" in text and "raises" in text
+    assert "Kernels on the roofline" in text and "Achieved GB/s against hidden" in text
+    with report_page(report) as opened:
+        opened.page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0", timeout=30_000)
+    assert not opened.errors, opened.errors

@@ -90,9 +90,9 @@ def roofline_points(rows: pd.DataFrame, ceilings: pd.DataFrame | None, *, origin
     ok = ok[(ok["flop"] > 0) & (ok["bytes"] > 0)]
     dims = [c for c in ok.columns if c.startswith("dim_")]
     shapes = [(tuple(int(v) for v in values if v == v),) for values in ok[dims].itertuples(index=False)]
+    op = ok["impl"] + np.where(ok["correct"].astype(bool), "", " (incorrect)")
     out = pd.DataFrame({
-        "op": ok["impl"] + np.where(ok["correct"].astype(bool), "", " (incorrect)"),
-        "family": ok["impl"], "dtype": ok["dtype"], "input_shapes": shapes,
+        "op": op, "family": op, "dtype": ok["dtype"], "input_shapes": shapes,
         "intensity_flop_per_byte": ok["flop"] / ok["bytes"], "flop_per_s": ok["flop_per_s"],
         "time_s": ok["time_s"], "calls": 1, "status": "ok",
     })

@@ -184,6 +184,8 @@ SECTIONS: list[Section] = [
     Section(title="Scaling efficiency", select=_workload("scaling"), build=_lazy("plots.scaling", "scaling_section")),
     Section(title="Predicted scaling (perfkit predict)", select=_workload("prediction"),
             build=_lazy("plots.scaling", "prediction_section")),
+    Section(title="Kernels: yours against the reference, correct first", select=_lazy("kernels_report", "kernel_rows"),
+            build=_lazy("kernels_report", "kernels_section")),
     Section(title="Collective bus bandwidth", select=_workload("collectives"),
             build=lambda rows, all_rows: plots.busbw_vs_size(rows)),
     Section(title="Collective knob settings", select=_workload("collectives"),

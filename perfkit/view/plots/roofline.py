@@ -30,6 +30,10 @@ _FAMILY_COLORS = {  # Category10, in perfkit.measuring.ops.counting.FAMILIES ord
     "softmax": "#9467bd", "reduction": "#8c564b", "elementwise": "#e377c2",
     "embedding": "#7f7f7f", "loss": "#bcbd22", "other": "#17becf",
 }
+#: For families the table does not name (a user's kernels, one family per impl): Dark2, then Set1,
+#: none of them the table's, one each in order of appearance.
+_OTHER_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+                 "#e41a1c", "#377eb8", "#4daf4a", "#984ea3", "#ff7f00")
 _MEMORY_COLORS = ("#08519c", "#3182bd", "#6baed6", "#9ecae1", "#31a354")
 _PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 _TORCH_TO_PRECISION = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16",
@@ -183,7 +187,10 @@ def _points(hv, frame: pd.DataFrame, scale: float, unit: str, trajectory_by: str
     if trajectory_by is not None:
         hover.append((trajectory_by, "@{config}"))
     elements = []
+    others = [f for f in dict.fromkeys(frame["family"]) if f not in _FAMILY_COLORS and f != "step"]
     for family, group in frame.groupby("family", sort=False):
+        color = (_FAMILY_COLORS[family] if family in _FAMILY_COLORS
+                 else _OTHER_COLORS[others.index(family) % len(_OTHER_COLORS)] if family in others else "black")
         data = group.assign(
             achieved=group["flop_per_s"].astype(float) / scale,
             attainable=pd.to_numeric(group["attainable_flop_per_s"], errors="coerce") / scale,
@@ -195,8 +202,7 @@ def _points(hv, frame: pd.DataFrame, scale: float, unit: str, trajectory_by: str
         elements.append(hv.Points(data, ["intensity_flop_per_byte", "achieved"],
                                   _VDIMS,
                                   group="Step" if is_step else "Ops", label=family).opts(
-            color="black" if is_step else _FAMILY_COLORS.get(family, "#17becf"),
-            marker="diamond" if is_step else "circle",
+            color=color, marker="diamond" if is_step else "circle",
             size=14 if is_step else hv.dim("marker_size"),
             fill_alpha=0.7, line_color="black", line_width=0.5, tools=["hover"],
             hover_tooltips=hover))
