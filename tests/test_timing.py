@@ -39,6 +39,16 @@ def test_constant_op_gives_exact_samples_and_block_size():
     assert m.warmup_calls == 5
 
 
+def test_a_call_longer_than_the_run_still_gives_min_samples():
+    """A 0.3 s call (Triton's interpreter) against a 0.05 s run: 3 samples by default, the kernels'
+    10 when asked (a speedup's CI, perfkit compare's 5 a side)."""
+    clock = FakeClock()
+    slow = dict(clock=clock, synchronize=lambda: None, min_run_time_s=0.05, min_block_time_s=0.0025, warmup_calls=1)
+    assert len(measure(clock.op(0.3), **slow).samples_s) == 3
+    m = measure(clock.op(0.3), min_samples=10, **slow)
+    assert len(m.samples_s) == 10 and m.calls_per_sample == 1
+
+
 def test_warmup_is_discarded():
     clock = FakeClock()
     # The first three calls are slow (lazy init, cold caches); they must not appear in samples.

@@ -211,6 +211,7 @@ def measure(
     warmup_calls: int | None = None,
     min_warmup_s: float = 0.1,
     max_samples: int = 10_000,
+    min_samples: int = 3,
     device=None,
     clock: Callable[[], float] = time.perf_counter,
     synchronize: Callable[[], None] | None = None,
@@ -223,8 +224,8 @@ def measure(
     - Block size: doubled until one block lasts ``min_block_time_s`` (as
       ``blocked_autorange``'s ``_estimate_block_size``), so clock resolution and per-block
       synchronization cost are small against the block.
-    - Samples: blocks until their total reaches ``min_run_time_s`` (at least 3 samples, so an IQR
-      exists), capped at ``max_samples``.
+    - Samples: blocks until their total reaches ``min_run_time_s`` and there are ``min_samples``
+      (at least 3, so an IQR exists), capped at ``max_samples``.
 
     ``device`` selects synchronization (``"cuda:N"``: ``torch.cuda.synchronize(N)`` and CUDA
     events recorded on device N's current stream, bare ``"cuda"`` meaning the current device;
@@ -264,7 +265,7 @@ def measure(
 
     samples = [block_s / calls]
     spent = block_s
-    while (spent < min_run_time_s or len(samples) < 3) and len(samples) < max_samples:
+    while (spent < min_run_time_s or len(samples) < max(3, min_samples)) and len(samples) < max_samples:
         block_s = timer(fn, calls)
         spent += block_s
         samples.append(block_s / calls)

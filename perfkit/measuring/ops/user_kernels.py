@@ -40,6 +40,7 @@ __all__ = ["DEFAULT_TOLERANCES", "measure_kernels", "resolve_impls"]
 DEFAULT_TOLERANCES = ASSERT_CLOSE
 _TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _L2_FLUSH_BYTES = 256 * 2**20  # triton.testing.do_bench's cache buffer
+_MIN_SAMPLES = 10  # per impl and point, however long a call (the interpreter's: 0.3-2 s each)
 
 
 def resolve_impls(impls: Mapping[str, str], reference: str, model_path: str | None = None) -> dict[str, Callable]:
@@ -127,13 +128,16 @@ def _timer(fn: Callable, device: str, min_run_time_s: float):
     import torch
 
     if not device.startswith("cuda"):
-        return measure(fn, min_run_time_s=min_run_time_s, device=device), "none (a CPU: no L2 flush)"
+        # Blocks of a twentieth of the run at most, and 10 samples at least: a speedup's CI and
+        # perfkit compare (5 a side) need them, and a long call would otherwise give the minimum 3.
+        return (measure(fn, min_run_time_s=min_run_time_s, min_block_time_s=min(0.01, min_run_time_s / 20),
+                        min_samples=_MIN_SAMPLES, device=device), "none (a CPU: no L2 flush)")
     cache = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     for _ in range(3):
         fn()
     torch.cuda.synchronize(device)
     samples, spent = [], 0.0
-    while spent < min_run_time_s or len(samples) < 5:
+    while spent < min_run_time_s or len(samples) < _MIN_SAMPLES:
         cache.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
