@@ -415,3 +415,42 @@ def test_special_token_ids_past_a_shrunk_vocabulary_are_cleared_and_the_row_says
                                                        "num_attention_heads": 4, "vocab_size": 512,
                                                        "intermediate_size": 128}))
     assert row["status"] == "ok" and row["model_config_note"] == work.config_note
+
+
+def test_a_user_model_s_code_is_part_of_the_configuration_id_so_an_edited_one_runs_again(tmp_path):
+    """A user's entry point in model_path (or beside the notebook) is part of what a configuration
+    measures: editing its module makes a new id, so a resumed sweep runs it again instead of keeping
+    the row of the old code. Installed packages' entry points and perfkit's own models do not
+    change the id (the environment fingerprint says which torch ran)."""
+    import hashlib
+    import json as _json
+
+    from pathlib import Path
+
+    from perfkit.run.notebooks import config_id, read_notebook
+
+    spec = read_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "train_step.ipynb")
+    (tmp_path / "mine.py").write_text("def build(seed=0):\n    return {}\n")
+    params = {"model": "mine:build", "model_path": str(tmp_path)}
+    first = config_id(spec, params)
+    assert config_id(spec, params) == first
+    (tmp_path / "mine.py").write_text("def build(seed=0):\n    return {'changed': True}\n")
+    assert config_id(spec, params) != first
+    # A package: any of its modules counts (they import each other).
+    pkg = tmp_path / "zoo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text("from .layers import f\ndef build(seed=0):\n    return {}\n")
+    (pkg / "layers.py").write_text("def f():\n    return 1\n")
+    params = {"model": "zoo.models:build", "model_path": str(tmp_path)}
+    before = config_id(spec, params)
+    (pkg / "layers.py").write_text("def f():\n    return 2\n")
+    assert config_id(spec, params) != before
+    # Nothing local named: the id is what it always was.
+    plain = {"model": "transformer", "batch_size": 8}
+    blob = _json.dumps({"code": spec.code_sha256, "params": plain}, sort_keys=True, default=str)
+    assert config_id(spec, plain) == f"train_step-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    kernels = read_notebook(Path(__file__).resolve().parents[1] / "notebooks" / "kernels.ipynb")
+    # The kernels notebook's defaults name templates/my_kernels.py: part of every kernels id.
+    blob = _json.dumps({"code": kernels.code_sha256, "params": {}}, sort_keys=True, default=str)
+    assert config_id(kernels, {}) != f"kernels-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"

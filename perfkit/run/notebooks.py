@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import BadInputError, ParameterTypeError, UnknownParameterError
+from ..core.model_files import named_file_digests
 
 #: The tag of a code cell that only views results (plots, tables, advice): from the first one on, a
 #: sweep hands the device to the next configuration (:mod:`perfkit.run._papermill_engine`).
@@ -275,35 +276,28 @@ def check_params(spec: NotebookSpec, params: Mapping[str, object], *,
 
 
 def config_id(spec: NotebookSpec, params: Mapping[str, object]) -> str:
-    """Stable id of (notebook code, parameters, the model configuration files they name): the
-    notebook's stem and 12 hex digits.
+    """Stable id of (notebook code, parameters, the model files they name): the notebook's stem and
+    12 hex digits.
 
-    A parameter ``hf:./folder`` (or ``hf:path/config.json``) names a file whose contents are the
-    model: its digest is part of the id, so editing the file makes a new configuration and a resumed
-    sweep runs it again instead of keeping the row of the old one. Ids of configurations that name
-    no such file are as before."""
+    A parameter naming a local model file — ``hf:./folder`` (its ``config.json``), or a user's entry
+    point ``module:function`` whose module lies in ``model_path`` or beside the notebook (its source,
+    :mod:`perfkit.core.model_files`) — adds that file's digest to the id, so editing the model makes a
+    new configuration and a resumed sweep runs it again instead of keeping the row of the old code.
+    ``model_path`` is the configuration's, else the notebook's default. Ids of configurations that
+    name no such file are as before."""
     blob = {"code": spec.code_sha256, "params": dict(params)}
-    files = _model_files(spec.path.parent, params)
+    files = _model_files(spec, params)
     if files:
         blob["files"] = files
     text = json.dumps(blob, sort_keys=True, default=str)
     return f"{spec.path.stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def _model_files(folder: Path, params: Mapping[str, object]) -> dict[str, str]:
-    """Parameter → sha256 of the local ``config.json`` an ``hf:`` path names (relative to the
-    notebook's folder, where its kernel runs); hub ids and model types name no file here."""
-    out = {}
-    for name, value in params.items():
-        if not (isinstance(value, str) and value.startswith("hf:")):
-            continue
-        target = value[3:]
-        if not target.startswith((".", "/", "~")):
-            continue
-        path = Path(target).expanduser()
-        path = path if path.is_absolute() else folder / path
-        found = path / "config.json" if path.is_dir() else path
-        if found.is_file():
-            out[name] = hashlib.sha256(found.read_bytes()).hexdigest()
-    return out
+def _model_files(spec: NotebookSpec, params: Mapping[str, object]) -> dict[str, str]:
+    """Parameter → digest of the local model files it names, defaults included (a notebook whose
+    default ``impls`` name the user's module is measuring that module too)."""
+    defaults = {n: p.default for n, p in spec.parameters.items() if p.literal}
+    merged = {**defaults, **params}
+    model_path = merged.get("model_path")
+    return named_file_digests(merged, spec.path.parent, model_path=model_path if isinstance(model_path, str) else None)
 

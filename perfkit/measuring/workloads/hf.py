@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from perfkit.core.errors import BadInputError
+from perfkit.core.model_files import hf_local_config
 from perfkit.measuring.workloads import hf_layers, hf_tasks
 from perfkit.measuring.workloads.user import (UserModelSpec, find_blocks, image_task, non_embedding_params,
                                               seed_generator_batch)
@@ -63,9 +64,8 @@ def config_file(target: str) -> Path | None:
     folder holding one or the file itself (``hf:./my-model/``, ``hf:/models/x/config.json``; a
     relative path is from where the run runs: a notebook's folder, as ``model_path``), else a hub
     id (``hf:org/name``) found in the local Hugging Face cache. Nothing is downloaded."""
-    path = Path(target).expanduser()
-    if target.startswith((".", "/", "~")) or path.exists():
-        found = path / "config.json" if path.is_dir() else path
+    found = hf_local_config(target)
+    if found is not None:
         if not found.is_file():
             raise BadInputError(f"hf:{target}: no config.json at {found.resolve()}: give a model's folder or its "
                                 "config.json")
