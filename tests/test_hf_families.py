@@ -281,3 +281,36 @@ def test_a_local_config_is_part_of_the_configuration_id_so_an_edited_one_runs_ag
     plain = {"model": "hf:llama", "batch_size": 8}
     blob = _json.dumps({"code": spec.code_sha256, "params": plain}, sort_keys=True, default=str)
     assert config_id(spec, plain) == f"train_step-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@pytest.mark.slow  # three small families, with and without a cache: a few seconds each
+def test_families_that_cannot_take_a_static_cache_generate_through_their_own():
+    """Static where the family compiles whole; otherwise the cache the model builds for itself at
+    the prompt (issue 56 item 1), said in the row: MiniMax refuses any cache but its MiniMaxCache
+    (a DynamicCache of ours failed: "MiniMax uses cache of its own"); FalconMamba builds a
+    dynamic one. Greedy tokens equal those of the cache-less run. RecurrentGemma returns no cache
+    at all (its state stays inside the model): skipped, saying so, not a traceback."""
+    from perfkit.measuring.inference import generate as inference
+
+    sizes = {
+        "minimax": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=512, num_local_experts=2, num_experts_per_tok=1),
+        "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, vocab_size=512, state_size=8),
+        "recurrent_gemma": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+                                num_key_value_heads=1, vocab_size=512, lru_width=64, attention_window_size=16),
+    }
+
+    def run(family, kv_cache):
+        return inference.run_inference(inference.InferenceConfig(
+            model=f"hf:{family}", model_size=sizes[family], batch_size=1, prompt_len=16, new_tokens=8, device="cpu",
+            threads=1, timed_runs=1, ceilings="none", kv_cache=kv_cache))
+
+    for family, kind in (("minimax", "own:MiniMaxCache"), ("falcon_mamba", "dynamic")):
+        cached, full = run(family, True), run(family, False)
+        assert cached["status"] == "ok" and full["status"] == "ok", (family, cached["error"], full["error"])
+        assert cached["kv_cache_kind"] == kind
+        assert cached["greedy_token_ids"] == full["greedy_token_ids"]
+    assert run("minimax", True)["kv_cache_bytes_measured"] > 0  # its own cache's tensors, measured
+    skipped = run("recurrent_gemma", True)
+    assert skipped["status"] == "skipped" and "returns no cache" in skipped["error"]
+    assert run("recurrent_gemma", False)["status"] == "ok"

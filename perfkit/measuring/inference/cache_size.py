@@ -16,7 +16,7 @@ def cache_columns(cfg, model: torch.nn.Module, prompt: torch.Tensor, source, ele
     """The cache's columns: ``kv_cache_bytes`` (keys and values of every attention layer for the
     generation's P + N positions, the largest the decode reads) and ``state_bytes`` (the fixed
     recurrent states of linear-attention and state-space layers), by the layer pattern's analytic
-    model; for a transformers model also ``kv_cache_kind`` (static or dynamic) and the bytes its
+    model; for a transformers model also ``kv_cache_kind`` (static, dynamic, the model's own) and the bytes its
     cache's tensors hold after the prompt (``*_measured``), beside the model's figure for that
     moment (``*_after_prompt``): the check that the model is the cache."""
     spec, element = cfg.spec, element_bytes
@@ -41,6 +41,7 @@ def cache_columns(cfg, model: torch.nn.Module, prompt: torch.Tensor, source, ele
     with torch.no_grad():
         kv.default_step(model, True, source)(prompt, cache, 0)
     measured = measured_cache_bytes(cache)
+    kind = hf_steps.cache_kind(cache)  # a cache the model builds for itself exists from the prompt on
     return {"kv_cache_bytes": kv_bytes, "state_bytes": state, "kv_cache_kind": kind,
             "kv_cache_bytes_after_prompt": after[0], "state_bytes_after_prompt": after[1],
             "kv_cache_bytes_measured": measured[0], "state_bytes_measured": measured[1]}

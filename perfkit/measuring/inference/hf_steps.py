@@ -27,8 +27,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from perfkit.core.errors import ConfigurationSkipped
+
 __all__ = ["is_hf", "is_encoder_decoder", "HFCachedStep", "HFFullStep", "HFSeq2SeqStep", "allocate_cache",
-           "max_positions", "vocab_size", "kv_cache_bytes", "cache_kind", "cache_keyword"]
+           "max_positions", "vocab_size", "kv_cache_bytes", "cache_kind", "cache_keyword", "ModelsOwnCache"]
 
 
 def is_hf(model: nn.Module) -> bool:
@@ -83,10 +85,24 @@ def cache_keyword(model: nn.Module) -> str:
     return "cache_params" if "cache_params" in names and "past_key_values" not in names else "past_key_values"
 
 
+class ModelsOwnCache:
+    """The cache a family's forward builds for itself when given none (``use_cache=True``):
+    MiniMax's ``MiniMaxCache`` (it refuses any other), RecurrentGemma's ``DynamicCache`` with the
+    recurrent states its ``_setup_cache`` allocates. The prefill creates it; every later step
+    passes it back (:class:`HFCachedStep`)."""
+
+    def __init__(self):
+        self.cache = None
+
+
 def cache_kind(cache) -> str:
-    """``static``, ``dynamic`` or ``encoder-decoder``: which transformers cache a row used."""
+    """``static``, ``dynamic``, ``encoder-decoder``, or the model's own class (``own:MiniMaxCache``):
+    which transformers cache a row used."""
     import transformers
 
+    if isinstance(cache, ModelsOwnCache):
+        inner = cache.cache
+        return "dynamic" if inner is None or type(inner) is transformers.DynamicCache else f"own:{type(inner).__name__}"
     if isinstance(cache, transformers.EncoderDecoderCache):
         return "encoder-decoder"
     return "static" if isinstance(cache, transformers.StaticCache) else "dynamic"
@@ -94,8 +110,9 @@ def cache_kind(cache) -> str:
 
 def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: bool = True):
     """A fresh cache for one generation: transformers' ``StaticCache`` of ``max_len`` positions
-    where the family compiles whole (``_can_compile_fullgraph``), its layers allocated now, else a
-    ``DynamicCache``. The layers of a static cache are of each layer's kind (sliding, full,
+    where the family compiles whole (``_can_compile_fullgraph``), its layers allocated now, else
+    the one the model builds for itself at the prompt (:class:`ModelsOwnCache`: a ``DynamicCache``
+    for most, a class of its own for some). The layers of a static cache are of each layer's kind (sliding, full,
     latent, linear attention: ``config.layer_types``) and take their shapes from the first update,
     so one token through the model allocates them all, with the shapes each layer really has, and
     ``reset()`` zeroes them: the prompt then fills an allocated cache, as a compiled step's does."""
@@ -111,7 +128,7 @@ def allocate_cache(model: nn.Module, batch_size: int, max_len: int, *, static: b
             HFCachedStep(model)(torch.zeros(batch_size, 1, dtype=torch.long, device=param.device), cache, 0)
         cache.reset()
         return cache
-    return transformers.DynamicCache(config=model.config)
+    return ModelsOwnCache()
 
 
 class HFCachedStep(nn.Module):
@@ -125,12 +142,23 @@ class HFCachedStep(nn.Module):
     def forward(self, tokens: torch.Tensor, cache, start: int) -> torch.Tensor:
         t = tokens.shape[1]
         positions = torch.arange(start, start + t, device=tokens.device)
+        own = cache if isinstance(cache, ModelsOwnCache) else None
+        if own is not None:
+            cache = own.cache  # None at the prompt: the model builds its own
         if self.keyword == "cache_params":  # a state-space model: no positions, its own state
             out = self.model(input_ids=tokens, cache_params=cache, use_cache=True, logits_to_keep=1)
         else:
             out = self.model(input_ids=tokens, past_key_values=cache, use_cache=True,
                              position_ids=positions.unsqueeze(0).expand(tokens.shape[0], -1),
                              cache_position=positions, logits_to_keep=1)
+        if own is not None:
+            built = getattr(out, "cache_params" if self.keyword == "cache_params" else "past_key_values", None)
+            if built is None:
+                raise ConfigurationSkipped(
+                    f"{type(self.model).__name__} returns no cache ({type(out).__name__}): transformers keeps its "
+                    f"state inside the model, so its decode cannot be stepped token by token here; kv_cache=False "
+                    f"measures it without a cache")
+            own.cache = built
         return out.logits[:, -1]
 
 
