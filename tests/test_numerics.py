@@ -89,9 +89,21 @@ def test_greedy_tokens_equal_or_where_they_part():
     base = [evidence(row)]
     assert judge(base, [evidence(dict(row))]).verdict == "same"
     other = judge(base, [evidence({**row, "greedy_token_ids": [5, 7, 3, 2]})])
-    assert other.verdict == "differs" and other.deviation == 0.5 and "first at flat index 2" in other.why
+    assert other.verdict == "differs" and other.deviation == 0.5
+    assert "first parts at step 3 (flat index 2)" in other.why
     bf16 = judge(base, [evidence({**row, "precision": "bf16", "greedy_token_ids": [5, 7, 3, 2]})])
     assert "near-tie" in bf16.why and bf16.basis == "4 greedy tokens (bf16 vs fp32)"
+    # With the base's margins (top-1 minus top-2 logit per token): two sequences of 2 tokens. bf16
+    # parts where fp32's margin is 0.02 at a top logit of 3: within 2 × 1.6e-2 × 3 = 0.096.
+    scored = {**row, "batch_size": 2, "greedy_margins": [0.9, 0.02, 0.8, 0.7], "greedy_top_logits": [3.0] * 4}
+    tie = judge([evidence(scored)], [evidence({**scored, "precision": "bf16", "greedy_token_ids": [5, 8, 9, 11]})])
+    assert tie.verdict == "same" and "part only at near-ties (1 sequence(s))" in tie.why
+    # The same parting in fp32 against fp32 is no near-tie (2 × 1.3e-6 × 3): a defect.
+    fp32 = judge([evidence(scored)], [evidence({**scored, "greedy_token_ids": [5, 8, 9, 11]})])
+    assert fp32.verdict == "differs" and "first parts at step 2" in fp32.why and "margin there is" in fp32.why
+    # A parting where the margin was wide (0.8 at the second sequence's first token): differs.
+    wide = judge([evidence(scored)], [evidence({**scored, "precision": "bf16", "greedy_token_ids": [5, 7, 4, 11]})])
+    assert wide.verdict == "differs" and "first parts at step 1 (flat index 2)" in wide.why
     # Rows recorded before the ids were kept: their digest says equal or not, never where.
     old = {"workload": "inference", "precision": "fp32", "tokens_digest": "ab12"}
     assert judge([evidence(old)], [evidence(dict(old))]).verdict == "same"
@@ -203,3 +215,22 @@ def test_the_report_and_notebook_table_show_numerics_beside_each_verdict(tmp_pat
     assert cells["bad"].startswith("differs (fp32, 5 steps): the loss trajectories part")
     html = "".join(p for p in comparison_section(c).items if isinstance(p, str))
     assert "same (fp32, 5 steps)" in html and "numerics: 1 same, 1 differs → exit 4" in html
+
+
+@pytest.mark.slow
+def test_real_bf16_inference_parts_from_fp32_only_at_near_ties():
+    """perfkit's decoder in fp32 and bf16 on this CPU: where bf16's greedy tokens part from
+    fp32's, fp32's own top-2 margin is within bf16's rounding there (the row's greedy_margins,
+    from the untimed warm-up): numerics `same`, said so; a second fp32 run is `same` outright."""
+    from perfkit.measuring.inference import generate as inference
+
+    base = dict(batch_size=4, prompt_len=32, new_tokens=24, device="cpu", threads=1, timed_runs=1,
+                model_size={"d_model": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256})
+    rows = {p: inference.run_inference(inference.InferenceConfig(**base, precision=p)) for p in ("fp32", "bf16")}
+    assert all(r["status"] == "ok" for r in rows.values()), {p: r["error"] for p, r in rows.items()}
+    fp32 = rows["fp32"]
+    assert len(fp32["greedy_margins"]) == len(fp32["greedy_top_logits"]) == 4 * 24
+    assert min(fp32["greedy_margins"]) >= 0
+    judged = judge([evidence(fp32)], [evidence(rows["bf16"])])
+    assert judged.verdict == "same", judged
+    assert judge([evidence(fp32)], [evidence(dict(fp32))]).why == "the 96 greedy token ids are equal"

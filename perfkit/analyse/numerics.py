@@ -9,8 +9,12 @@ Each row carries what it can show of its results (:func:`evidence`):
   1.3e-6 a step. A gradient halved on one rank, a dropped bucket, a wrong loss scale move a loss
   by 1e-2 or more within a step or two.
 - **inference** rows their greedy token ids (``greedy_token_ids``; older rows their
-  ``tokens_digest``): equal or not. Two precisions may part at a near-tie of the top two logits;
-  such a point says so, and the gate's ``--accept-numerics`` is the user's call.
+  ``tokens_digest``): equal, or parting only at near-ties. Where a sequence first parts, the
+  base's top-2 logit margin (``greedy_margins``, from the untimed warm-up) is compared with what
+  the pair's rounding can move: 2 × rtol × |top logit|, each logit off by torch.testing's rtol of
+  the looser precision. Within it, the choice was a tie the precision cannot resolve (``same``,
+  said); beyond it, ``differs``. Only the first parting of a sequence is comparable: later tokens
+  follow another prefix.
 - **kernel** rows (``perfkit kernels``) the errors measured against their reference: ``correct``
   within the recorded ``rtol``/``atol``, and the largest errors.
 
@@ -44,6 +48,11 @@ class Evidence:
     losses: tuple[float, ...] = ()
     tokens: tuple[int, ...] | None = None
     tokens_digest: str | None = None
+    margins: tuple[float, ...] | None = None
+    """Per token, top-1 minus top-2 logit (``greedy_margins``), flattened as ``tokens``."""
+    top_logits: tuple[float, ...] | None = None
+    sequences: int = 1
+    """Sequences the flattened tokens hold (the batch)."""
     correct: bool | None = None
     max_abs_error: float = math.nan
     max_rel_error: float = math.nan
@@ -88,8 +97,13 @@ def evidence(row: dict) -> Evidence:
     tokens = _list(row.get("greedy_token_ids"))
     digest = _text(row.get("tokens_digest"))
     if tokens is not None or digest is not None:
+        margins, tops = _list(row.get("greedy_margins")), _list(row.get("greedy_top_logits"))
+        batch = row.get("batch_size")
         return Evidence("tokens", workload, precision=precision,
-                        tokens=None if tokens is None else tuple(int(t) for t in tokens), tokens_digest=digest)
+                        tokens=None if tokens is None else tuple(int(t) for t in tokens), tokens_digest=digest,
+                        margins=None if margins is None else tuple(float(m) for m in margins),
+                        top_logits=None if tops is None else tuple(float(t) for t in tops),
+                        sequences=int(batch) if isinstance(batch, (int, float)) and batch == batch and batch > 0 else 1)
     correct = row.get("correct")
     if correct is not None and not (isinstance(correct, float) and math.isnan(correct)):
         rtol, atol = row.get("rtol"), row.get("atol")
@@ -136,27 +150,68 @@ def _losses(base: Sequence[Evidence], new: Sequence[Evidence]) -> Numerics:
     return Numerics("same", max(dev, 0.0), basis, f"within tolerance: {how}{cut}")
 
 
+def _parting(b: Evidence, n: Evidence) -> list[tuple[int, int]]:
+    """(sequence, step) where each sequence of ``n`` first parts from ``b``'s greedy tokens (later
+    tokens follow another prefix: only the first choice is comparable)."""
+    per = len(b.tokens) // max(b.sequences, 1) if len(b.tokens) % max(b.sequences, 1) == 0 else len(b.tokens)
+    out = []
+    for seq in range(len(b.tokens) // per):
+        row_b, row_n = b.tokens[seq * per:(seq + 1) * per], n.tokens[seq * per:(seq + 1) * per]
+        first = next((i for i, (x, y) in enumerate(zip(row_b, row_n)) if x != y), None)
+        if first is not None:
+            out.append((seq * per + first, first))
+    return out
+
+
+def _near_tie(b: Evidence, flat: int, rtol: float) -> float | None:
+    """How far the base's top-2 margin at ``flat`` is inside the pair's rounding, as margin ÷
+    allowance (≤ 1: a near-tie that the precision cannot resolve); None without margins."""
+    if b.margins is None or b.top_logits is None or flat >= len(b.margins):
+        return None
+    # Each of the two logits may move by rtol × its size (torch.testing's rtol of the looser
+    # precision), so a margin under 2 × rtol × |top logit| can flip: rounding, not a defect.
+    allowance = 2 * rtol * max(abs(b.top_logits[flat]), 1.0)
+    return b.margins[flat] / allowance
+
+
 def _tokens(base: Sequence[Evidence], new: Sequence[Evidence]) -> Numerics:
     pair = base[0].precision if base[0].precision == new[0].precision else f"{new[0].precision} vs {base[0].precision}"
-    worst: tuple | None = None
+    rtol = loss_rtol(base[0].precision, new[0].precision)[0]
     if all(e.tokens is not None for e in (*base, *new)):
+        total = len(base[0].tokens)
+        basis = f"{total} greedy tokens ({pair})"
+        worst, ties, unexplained = None, 0, False
         for b in base:
             for n in new:
                 if len(b.tokens) != len(n.tokens):
-                    return Numerics("differs", 1.0, f"greedy tokens ({pair})",
+                    return Numerics("differs", 1.0, basis,
                                     f"{len(n.tokens)} greedy tokens on the new side, {len(b.tokens)} on the base")
-                diff = [i for i, (x, y) in enumerate(zip(b.tokens, n.tokens)) if x != y]
-                if diff and (worst is None or len(diff) > worst[0]):
-                    worst = (len(diff), len(b.tokens), diff[0])
-        total = len(base[0].tokens)
-        basis = f"{total} greedy tokens ({pair})"
+                diff = sum(x != y for x, y in zip(b.tokens, n.tokens))
+                parts = _parting(b, n)
+                scores = [_near_tie(b, flat, rtol) for flat, _ in parts]
+                ties += sum(s is not None and s <= 1 for s in scores)
+                unexplained |= any(s is None or s > 1 for s in scores)
+                if diff and (worst is None or diff > worst[0]):
+                    worst = (diff, parts[0][1] if parts else 0, parts[0][0] if parts else 0, scores)
         if worst is None:
             return Numerics("same", 0.0, basis, f"the {total} greedy token ids are equal")
-        n_diff, total, first = worst
-        near_tie = (" (different precisions: greedy decoding can part at a near-tie of the top two logits; "
-                    "--accept-numerics if that is expected)" if base[0].precision != new[0].precision else "")
+        n_diff, step, flat, scores = worst
+        if not unexplained:
+            return Numerics("same", n_diff / total, basis,
+                            f"the greedy tokens part only at near-ties ({ties} sequence(s)): the base's top-2 logit "
+                            f"margin there is within 2 × {rtol:g} × |top logit|, which {pair.split(' vs ')[0]}'s "
+                            f"rounding can flip; later tokens follow the other prefix")
+        said = next((s for s in scores if s is not None and s > 1), None)
+        if said is not None:
+            margin = f"; the base's top-2 margin there is {said:.3g}× what {pair}'s rounding can flip"
+        elif base[0].precision != new[0].precision:
+            margin = ("; the base row has no greedy_margins to tell a near-tie of the top two logits (which "
+                      "two precisions may part at) from a defect: --accept-numerics if that is expected")
+        else:
+            margin = ""
         return Numerics("differs", n_diff / total, basis,
-                        f"{n_diff} of {total} greedy token ids differ, the first at flat index {first}{near_tie}")
+                        f"{n_diff} of {total} greedy token ids differ; a sequence first parts at step {step + 1} "
+                        f"(flat index {flat}){margin}")
     digests_b = {e.tokens_digest for e in base}
     digests_n = {e.tokens_digest for e in new}
     if None in digests_b | digests_n:

@@ -340,20 +340,23 @@ def measure_roofs(cfg: InferenceConfig) -> pd.DataFrame:
 
 def _generations(cfg: InferenceConfig, model, prompt, device: str, source=None):
     """Warm-up, then timed generations alternating with timed prefills (one-token generations,
-    same cache size): (timestamps per generation, prefill seconds, last tokens)."""
+    same cache size): (timestamps per generation, prefill seconds, last tokens, the first warm-up
+    generation: its margins and top logits, untimed; None without a warm-up)."""
     step = kv.default_step(model, cfg.kv_cache, source)
     if cfg.compile:
         step = torch.compile(step, mode=cfg.compile_mode)
     sync = kv.synchronizer(device)
     total = prompt.shape[1] + cfg.new_tokens
 
-    def gen(n: int) -> kv.Generation:
+    def gen(n: int, margins: bool = False) -> kv.Generation:
         return kv.generate(model, prompt, n, kv_cache=cfg.kv_cache, step=step, synchronize=sync,
-                           max_len=total)
+                           max_len=total, margins=margins)
 
+    scored = None
     try:
-        for _ in range(cfg.warmup_runs):
-            gen(cfg.new_tokens)
+        for i in range(cfg.warmup_runs):
+            out = gen(cfg.new_tokens, margins=i == 0)  # how near a tie each greedy choice was: untimed
+            scored = out if i == 0 else scored
             gen(1)
     except RuntimeError as err:
         if any(text in str(err) for text in kv.NO_KERNEL):
@@ -366,7 +369,7 @@ def _generations(cfg: InferenceConfig, model, prompt, device: str, source=None):
         stamps.append(out.timestamps_s)
         first = gen(1).timestamps_s
         prefill.append(first[1] - first[0])
-    return stamps, prefill, out.tokens
+    return stamps, prefill, out.tokens, scored
 
 
 def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
@@ -383,7 +386,7 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         threads = torch.get_num_threads()
         model = build_model(cfg, device)
         prompt, source = prompt_inputs(cfg, model, device)
-        stamps, prefill, tokens = _generations(cfg, model, prompt, device, source)
+        stamps, prefill, tokens, scored = _generations(cfg, model, prompt, device, source)
         counts = (kv.count_steps(model, prompt, cfg.new_tokens, kv_cache=cfg.kv_cache, source=source)
                   if cfg.count_ops else {})
         cache = cache_size.cache_columns(cfg, model, prompt, source, PRECISIONS[cfg.precision].itemsize) if cfg.kv_cache else {}
@@ -407,6 +410,10 @@ def _run(cfg: InferenceConfig, ceilings: pd.DataFrame | None) -> dict:
         "tokens_digest": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16],
         # The ids themselves ([batch, N] flattened): perfkit compare's numerics say where two sides part.
         "greedy_token_ids": tokens.cpu().reshape(-1).tolist(),
+        # How near a tie each choice was (top-1 minus top-2 logit, and the top-1 logit), from the
+        # untimed warm-up: where two precisions part, a near-tie is rounding, not a defect.
+        **({"greedy_margins": scored.margins.cpu().reshape(-1).tolist(),
+            "greedy_top_logits": scored.top_logits.cpu().reshape(-1).tolist()} if scored is not None else {}),
         "roofline_reason": "; ".join(dict.fromkeys(placed)) or None,
         "uncounted_ops": ", ".join(uncounted),
     }

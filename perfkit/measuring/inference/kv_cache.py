@@ -193,6 +193,8 @@ class Generation:
     margins: torch.Tensor | None = None
     """``[batch, new_tokens]`` top-1 minus top-2 logit at each step (how near a tie the greedy
     choice was), when asked for."""
+    top_logits: torch.Tensor | None = None
+    """``[batch, new_tokens]`` the top-1 logit at each step (the scale of the margin), with ``margins``."""
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
@@ -226,7 +228,7 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cach
     cache = allocate_cache(model, batch, max(total, max_len or 0)) if kv_cache else None
     seq = torch.empty(batch, total, dtype=prompt.dtype, device=prompt.device)
     seq[:, :prompt_len] = prompt
-    gaps = [] if margins else None
+    gaps, tops = ([], []) if margins else (None, None)
     sync()
     stamps = [time.perf_counter()]
     for i in range(new_tokens):
@@ -240,10 +242,12 @@ def generate(model: nn.Module, prompt: torch.Tensor, new_tokens: int, *, kv_cach
         if gaps is not None:
             top = logits.float().topk(2, dim=-1).values
             gaps.append(top[:, 0] - top[:, 1])
+            tops.append(top[:, 0])
         sync()
         stamps.append(time.perf_counter())
     return Generation(tokens=seq[:, prompt_len:].clone(), timestamps_s=tuple(stamps),
-                      margins=torch.stack(gaps, dim=1) if gaps is not None else None)
+                      margins=torch.stack(gaps, dim=1) if gaps is not None else None,
+                      top_logits=torch.stack(tops, dim=1) if tops is not None else None)
 
 
 def count_steps(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, *,
