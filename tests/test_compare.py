@@ -85,6 +85,7 @@ def test_a_10_percent_slower_point_is_slower_and_exits_1(dirs, capsys):
     assert out.index("size=1024") < out.index("size=128")  # slower first
 
 
+@pytest.mark.slow  # > 10 s here: make test runs it, test-fast does not
 def test_the_default_gate_holds_for_unchanged_sweeps_that_drift_5_percent_between_runs(tmp_path, capsys):
     """Issue 53: two unchanged sweeps whose steps drift 5 % from run to run exited 1 in 6 of 12
     ``perfkit compare A B`` pairs; a 10 % regression was called the same. With the defaults, one

@@ -117,6 +117,7 @@ def test_qwen3_next_sizes_that_cannot_run_are_refused_before_the_run(size, says)
         catalog.check(catalog.make("hf:qwen3_next", {**TINY, **size}, seq_len=16))
 
 
+@pytest.mark.slow  # > 5 s here: make test runs it, test-fast does not
 def test_more_experts_per_token_than_experts_and_undivided_heads_are_refused_with_exit_2(tmp_path):
     with pytest.raises(BadInputError, match="num_experts_per_tok 8 > the 4 experts"):
         catalog.check(catalog.make("hf:deepseek_v3", {**FAMILIES["deepseek_v3"], "num_experts_per_tok": 8}, seq_len=16))

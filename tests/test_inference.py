@@ -252,6 +252,7 @@ def test_plots_and_the_report_section_build(rows):
 
 # ---- acceptance (slow) -----------------------------------------------------------------------
 
+@pytest.mark.slow  # > 5 s here: make test runs it, test-fast does not
 def test_the_work_behind_the_acceptance_ratios_is_counted_not_timed():
     """The issue's acceptance ratios are timings (TPOT 512/128 <= 1.5, TTFT 512/128 in 2-6, no
     cache / cache >= 4); they are checked by ``benchmarks/inference_latency.py`` on a quiet machine,

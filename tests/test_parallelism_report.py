@@ -62,6 +62,7 @@ def test_pipeline_rows_are_a_line_per_schedule_and_microbatch_count():
     assert labels == ["fp32 ddp×2", "fp32 pp 1F1B m=2×2", "fp32 pp 1F1B m=8×2", "fp32 zero1×2"]
 
 
+@pytest.mark.slow  # > 10 s here: make test runs it, test-fast does not
 def test_the_report_has_the_parallelism_section_and_the_bubble_only_with_pipeline_rows(tmp_path):
     env = flat_columns(fingerprint("cpu"))
     for with_pp in (False, True):

@@ -284,6 +284,7 @@ def test_the_h200_llama_step_predicted_at_8_16_64_ranks_on_an_h100_cluster():
     assert text.returncode == 0 and "Thakur" in text.stdout and "! no measured ddp point at 64 ranks" in text.stdout
 
 
+@pytest.mark.slow  # > 10 s here: make test runs it, test-fast does not
 def test_bad_inputs_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "empty").mkdir()
     junk = tmp_path / "junk.txt"
@@ -397,6 +398,7 @@ def test_every_rank_of_a_two_rank_gloo_step_replays_within_5_percent(tmp_path, m
             assert ops >= expected if settings["parallelism"] == "pp" else ops & expected, (g.step, ops)
 
 
+@pytest.mark.slow  # > 10 s here: make test runs it, test-fast does not
 def test_memory_per_rank_beside_each_prediction_says_when_it_does_not_fit(cpu_trace, tmp_path):
     runs, net = _folders(tmp_path, cpu_trace)
     run = _cli(runs, "--world-sizes", "2,8", "--network", net, "--layout", "zero3", "--device", "h100", "--json")

@@ -77,6 +77,7 @@ def test_text_shows_every_breakdown_with_hta_names_and_values(traces, capsys):
     assert "ui.perfetto.dev" in out and "chrome://tracing" in out
 
 
+@pytest.mark.slow  # > 5 s here: make test runs it, test-fast does not
 def test_steps_and_top_reach_the_analysis(traces, capsys):
     control = traces / "trace_diff" / "control.json.gz"
     code, out, err = _run(capsys, control, "--json", "--steps", 1010, 1011, "--top", 3)
@@ -89,6 +90,7 @@ def test_steps_and_top_reach_the_analysis(traces, capsys):
     _assert_records(doc["top_kernels"], top_kernels(control, 3, steps=(1010, 1011)), str(control))
 
 
+@pytest.mark.slow  # > 10 s here: make test runs it, test-fast does not
 def test_diff_lists_what_changed_most_added_and_removed(traces, capsys):
     control, test = traces / "trace_diff" / "control.json.gz", traces / "trace_diff" / "test.json.gz"
     expected = trace_diff(control, test, n=5)

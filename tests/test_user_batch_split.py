@@ -32,6 +32,7 @@ def test_a_split_gives_each_rank_its_samples_bags_and_all():
     assert (model(*halves[1][0]).detach() == whole[4:].detach()).all()
 
 
+@pytest.mark.slow  # > 5 s here: make test runs it, test-fast does not
 def test_a_batch_that_does_not_split_by_rows_is_refused_in_one_line_before_any_rank():
     size = {"split": False}
     TrainConfig(**BAGS, model_size=size)  # one process: nothing to split
