@@ -188,3 +188,30 @@ def test_the_first_screen_reads_a_frame_without_a_workload_column_or_with_a_repe
     assert list(twice.index) == [0, 0]
     page = summary_html(twice, [], [])
     assert "best 300 samples/s (transformer, batch 32, fp32); MFU 25.0 %" in page
+
+
+def test_each_configuration_opens_on_its_rows_figures_and_traces(tmp_path):
+    """Issue 55's drill-down: a configuration's line opens on its rows' headline figures (what each
+    row is, how it ended, its times and rates) and the traces it recorded, linked to the Traces
+    section; its executed notebook (its plots) stays one link away."""
+    import html as _html
+
+    from perfkit.core.results import RunContext, record
+
+    def config(cid, rows, params):
+        ctx = RunContext(results_path=tmp_path / "results" / f"{cid}.parquet", config_id=cid, params=params,
+                         param_names=tuple(params), notebook="train_step.ipynb")
+        record(rows, context=ctx)
+
+    # A user's notebook's rows (no section of their own: the drill-down is where they show).
+    step = {"workload": "my_step", "model": "transformer", "batch_size": 8, "precision": "fp32",
+            "time_s": 0.0123, "samples_per_s": 650.4, "losses": [4.2, 4.1]}
+    config("train_step-aaa", [step], {"batch_size": 8})
+    config("train_step-bbb", [{**step, "batch_size": 16, "trace_path": "traces/train_step-bbb/rank0.json.gz"}],
+           {"batch_size": 16})
+    text = _html.unescape(write_report(tmp_path, tmp_path / "report.html").read_text()).replace('\\"', '"')
+    drill = text[text.index("configurations: status, parameters, rows (open one"):]
+    assert "<th>workload</th><th>model</th><th>batch_size</th><th>precision</th><th>status</th>" in drill
+    assert "<td>my_step</td><td>transformer</td><td>16</td><td>fp32</td><td>ok</td><td>0.0123</td><td>650.4</td>" in drill
+    assert 'traces: rank0.json.gz (<a href="#traces">their summary</a>)' in drill
+    assert drill.count("<details><summary>1</summary>") == 2  # one row each, opened on demand

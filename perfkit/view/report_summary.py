@@ -11,8 +11,9 @@ this does the same for a results folder, above every section:
 - **at most five findings**, the largest time costs first, similar ones on one line ("9
   points: noisy measurement");
 - **a table of contents** of the sections below, and per configuration a line with its status, its
-  parameters, its rows and a link to its executed notebook (relative to the report, so a copied
-  folder keeps it).
+  parameters, its rows (opened on demand: their headline figures and the traces they recorded) and a
+  link to its executed notebook, which holds its plots (relative to the report, so a copied folder
+  keeps it).
 """
 
 from __future__ import annotations
@@ -209,10 +210,47 @@ def configurations_html(df: pd.DataFrame, *, results_dir=None, output=None) -> s
                 link = f'<a href="{html.escape(href)}">notebook</a>'
         status = ", ".join(sorted(rows["status"].dropna().unique())) if "status" in rows else ""
         body.append(f"<tr><td>{html.escape(str(cid))}</td><td>{html.escape(str(nb or ''))}</td><td>{html.escape(status)}"
-                    f"</td><td>{html.escape(params)}</td><td>{len(rows)}</td><td>{link}</td></tr>")
-    return (f'<details><summary>{len(body)} configurations: status, parameters, rows, executed notebook</summary>'
+                    f"</td><td>{html.escape(params)}</td><td>{_drill_down(rows)}</td><td>{link}</td></tr>")
+    return (f'<details><summary>{len(body)} configurations: status, parameters, rows (open one for its figures and '
+            'traces), executed notebook (its plots)</summary>'
             '<table class="pk"><thead><tr><th>configuration</th><th>notebook</th><th>status</th><th>parameters '
             f'that vary</th><th>rows</th><th>notebook</th></tr></thead><tbody>{"".join(body)}</tbody></table></details>')
+
+
+#: What a configuration's drill-down shows of its rows, in this order, where the rows have a value:
+#: what each row is, then how it ended and its headline figures.
+DRILL_DOWN_COLUMNS = (
+    "workload", "op", "impl", "dtype", "size", "shape", "model", "batch_size", "precision", "parallelism",
+    "world_size", "status", "reason", "time_s", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
+    "ttft_s", "tpot_s", "flop_per_s", "bytes_per_s", "busbw_bytes_per_s", "peak_memory_bytes", "correct",
+)
+_DRILL_MAX_ROWS, _DRILL_MAX_COLUMNS = 20, 12
+
+
+def _shown(value) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return ""
+    if isinstance(value, (float, np.floating)):
+        return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+    return str(value)
+
+
+def _drill_down(rows: pd.DataFrame) -> str:
+    """A configuration's rows, opened on demand: the :data:`DRILL_DOWN_COLUMNS` they have (12 at
+    most, 20 rows at most, said), and the trace files they recorded, linked to the Traces section."""
+    cols = [c for c in DRILL_DOWN_COLUMNS if c in rows and rows[c].notna().any()][:_DRILL_MAX_COLUMNS]
+    if not cols:
+        return str(len(rows))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(_shown(v))}</td>" for v in r) + "</tr>"
+                    for r in rows[cols].head(_DRILL_MAX_ROWS).itertuples(index=False))
+    more = f"<p>… {len(rows) - _DRILL_MAX_ROWS} more rows (perfkit query)</p>" if len(rows) > _DRILL_MAX_ROWS else ""
+    traces = ""
+    if "trace_path" in rows and rows["trace_path"].notna().any():
+        names = ", ".join(html.escape(Path(str(p)).name) for p in dict.fromkeys(rows["trace_path"].dropna()))
+        traces = f'<p>traces: {names} (<a href="#{anchor("Traces")}">their summary</a>)</p>'
+    return (f'<details><summary>{len(rows)}</summary><table class="pk"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{cells}</tbody></table>{more}{traces}</details>')
 
 
 def _params(df: pd.DataFrame) -> list[str]:
