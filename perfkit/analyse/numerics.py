@@ -151,8 +151,8 @@ def _losses(base: Sequence[Evidence], new: Sequence[Evidence]) -> Numerics:
 
 
 def _parting(b: Evidence, n: Evidence) -> list[tuple[int, int]]:
-    """(sequence, step) where each sequence of ``n`` first parts from ``b``'s greedy tokens (later
-    tokens follow another prefix: only the first choice is comparable)."""
+    """(flat index, step) where each sequence of ``n`` first parts from ``b``'s greedy tokens
+    (later tokens follow another prefix: only the first choice is comparable)."""
     per = len(b.tokens) // max(b.sequences, 1) if len(b.tokens) % max(b.sequences, 1) == 0 else len(b.tokens)
     out = []
     for seq in range(len(b.tokens) // per):
