@@ -153,7 +153,7 @@ def _losses(base: Sequence[Evidence], new: Sequence[Evidence]) -> Numerics:
 def _parting(b: Evidence, n: Evidence) -> list[tuple[int, int]]:
     """(flat index, step) where each sequence of ``n`` first parts from ``b``'s greedy tokens
     (later tokens follow another prefix: only the first choice is comparable)."""
-    per = len(b.tokens) // max(b.sequences, 1) if len(b.tokens) % max(b.sequences, 1) == 0 else len(b.tokens)
+    per = len(b.tokens) // b.sequences if len(b.tokens) % b.sequences == 0 else len(b.tokens)
     out = []
     for seq in range(len(b.tokens) // per):
         row_b, row_n = b.tokens[seq * per:(seq + 1) * per], n.tokens[seq * per:(seq + 1) * per]

@@ -289,23 +289,21 @@ def claims(c: Comparison) -> list[str]:
     return out
 
 
-_ENV_FIELDS = (("device", "env_device_name"), ("torch", "env_torch"), ("CUDA", "env_torch_cuda"),
-               ("HIP", "env_torch_hip"), ("driver", "env_driver"), ("NCCL", "env_nccl"),
+_ENV_FIELDS = (("torch", "env_torch"), ("CUDA", "env_torch_cuda"), ("HIP", "env_torch_hip"), ("NCCL", "env_nccl"),
                ("perfkit", "env_perfkit"), ("git", "env_git_sha"), ("host", "env_hostname"))
 
 
 def environment(rows: pd.DataFrame) -> str:
-    """The environment the rows were measured in, one line: each fingerprint field's values."""
-    parts = []
+    """The environment the rows were measured in, one line: the devices (as the report's first
+    screen says them), then each fingerprint field's values."""
+    from .report_summary import devices_text
+
+    parts = [f"device {devices_text(rows)}"] if "env_device_name" in rows else []
     for label, col in _ENV_FIELDS:
-        if col not in rows:
-            continue
-        values = [str(v) for v in dict.fromkeys(rows[col].dropna())]
+        values = [str(v) for v in dict.fromkeys(rows[col].dropna())] if col in rows else []
         if col == "env_git_sha":
             dirty = "env_git_dirty" in rows and rows["env_git_dirty"].fillna(False).astype(bool).any()
             values = [v[:10] + (" (uncommitted changes)" if dirty else "") for v in values]
-        if col == "env_device_name" and "env_device_count" in rows and rows["env_device_count"].notna().any():
-            values = [f"{v} ×{int(rows['env_device_count'].max())}" for v in values]
         if values:
             parts.append(f"{label} {', '.join(values)}")
     return "; ".join(parts)

@@ -9,6 +9,7 @@ import html
 
 import pandas as pd
 
+from .plots._common import whole
 from .report import _CSS, Parts, _table_html
 
 __all__ = ["kernel_rows", "kernels_section"]
@@ -24,14 +25,10 @@ def kernel_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["workload"] == "kernels"]
 
 
-def _dim(value) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
 def _shape_text(frame: pd.DataFrame) -> pd.DataFrame:
     """Shapes as "rows=256, hidden=1024" (Parquet hands a shape's dimensions back as floats, and
     the keys of every shape recorded in the folder, NaN where a shape has not that dimension)."""
-    return frame.assign(shape=frame["shape"].map(lambda s: ", ".join(f"{k}={_dim(v)}" for k, v in s.items() if v == v)
+    return frame.assign(shape=frame["shape"].map(lambda s: ", ".join(f"{k}={whole(v)}" for k, v in s.items() if v == v)
                                                  if isinstance(s, dict) else str(s)))
 
 

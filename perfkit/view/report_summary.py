@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["summary_html", "anchor", "configurations_html", "MAX_FINDINGS"]
+from .plots._common import whole
+
+__all__ = ["summary_html", "anchor", "configurations_html", "devices_text", "MAX_FINDINGS"]
 
 MAX_FINDINGS = 5
 
@@ -41,7 +43,8 @@ def _first(series: pd.Series):
     return values.iloc[0] if len(values) else None
 
 
-def _devices(df: pd.DataFrame) -> str:
+def devices_text(df: pd.DataFrame) -> str:
+    """The devices the rows measured, one phrase: "2 × NVIDIA H200 (driver 570.86)", a CPU by its model."""
     if "env_device_name" not in df:
         return "unknown (rows without an environment fingerprint)"
     cols = [c for c in ("env_device_name", "env_device_count", "env_driver", "env_cpu_model") if c in df]
@@ -175,7 +178,7 @@ def _findings(findings: list) -> list[str]:
 def summary_html(df: pd.DataFrame, findings: list, titles: list[str]) -> str:
     """The first screen (module docstring), as HTML."""
     ok = df[df["status"] == "ok"] if "status" in df else df
-    items = [f"<li><b>devices:</b> {html.escape(_devices(df))}</li>",
+    items = [f"<li><b>devices:</b> {html.escape(devices_text(df))}</li>",
              f"<li><b>ran:</b> {html.escape(_endings(df))}</li>"]
     items += [f"<li>{html.escape(h)}</li>" for h in _headlines(ok)]
     found = _findings(findings)
@@ -228,11 +231,10 @@ _DRILL_MAX_ROWS, _DRILL_MAX_COLUMNS = 20, 12
 
 
 def _shown(value) -> str:
-    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+    if value is None or (isinstance(value, (float, np.floating)) and not np.isfinite(value)):
         return ""
-    if isinstance(value, (float, np.floating)):
-        return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:.4g}"
-    return str(value)
+    value = whole(float(value)) if isinstance(value, (float, np.floating)) else value
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _drill_down(rows: pd.DataFrame) -> str:

@@ -40,7 +40,8 @@ def cache_columns(cfg, model: torch.nn.Module, prompt: torch.Tensor, source, ele
                                         static=static)
     with torch.no_grad():
         kv.default_step(model, True, source)(prompt, cache, 0)
-    measured = measured_cache_bytes(cache)
+    held = cache.cache if isinstance(cache, hf_steps.ModelsOwnCache) else cache  # the one the model built
+    measured = measured_cache_bytes(held) if held is not None else (0, 0)
     kind = hf_steps.cache_kind(cache)  # a cache the model builds for itself exists from the prompt on
     return {"kv_cache_bytes": kv_bytes, "state_bytes": state, "kv_cache_kind": kind,
             "kv_cache_bytes_after_prompt": after[0], "state_bytes_after_prompt": after[1],

@@ -199,10 +199,7 @@ def cache_bytes(config, batch_size: int, positions: int, element_bytes: int, *, 
 def measured_cache_bytes(cache) -> tuple[int, int]:
     """(key/value bytes, recurrent-state bytes) of the tensors a transformers cache holds now:
     each layer's ``keys``/``values`` and its ``conv_states``/``recurrent_states``; an
-    encoder–decoder's self- and cross-attention caches together; a cache the model built for
-    itself, the one it holds (``ModelsOwnCache``)."""
-    if hasattr(cache, "cache") and not hasattr(cache, "layers"):  # the model's own, once built
-        return measured_cache_bytes(cache.cache) if cache.cache is not None else (0, 0)
+    encoder–decoder's self- and cross-attention caches together."""
     if hasattr(cache, "self_attention_cache"):
         a, b = measured_cache_bytes(cache.self_attention_cache), measured_cache_bytes(cache.cross_attention_cache)
         return a[0] + b[0], a[1] + b[1]
