@@ -321,7 +321,9 @@ def test_fsdp_s_compute_only_step_keeps_the_optimizer_s_work_out_of_communicatio
     _check_rows(rows)
     fsdp = rows[rows["parallelism"] == "fsdp"].iloc[0]
     assert fsdp["optimizer_time_s"] > 0 and len(fsdp["optimizer_time_samples_s"]) == 7
-    assert fsdp["compute_optimizer_time_s"] > 0.4 * fsdp["optimizer_time_s"], fsdp[
+    # Before the fix the ratio was ~0.01. Two medians of sub-ms times on shared cores: under a full
+    # suite the synchronised one once read 2.11 ms against 0.80 ms (0.38); 0.2 still tells them apart 20x.
+    assert fsdp["compute_optimizer_time_s"] > 0.2 * fsdp["optimizer_time_s"], fsdp[
         ["optimizer_time_s", "compute_optimizer_time_s"]].to_dict()
     assert "zero gradients" in fsdp["compute_time_method"]
     plain = rows[rows["parallelism"] == "none"].iloc[0]
