@@ -123,9 +123,10 @@ triton: venv
 # (tests/test_step_graph.py). It needs pandas < 3 (under pandas 3 it raises in DataFrame.drop), so
 # it runs from a small venv of its own: HolisticTraceAnalysis without its notebook dependencies
 # (jupyterlab, pytest) and what its analysis imports, ~5 s with uv. If it cannot be built, that one
-# test skips and says why.
+# test skips and says why. benchmarks/trace_analysis_speed.py runs perfkit's trace reader in it too
+# (beside HTA, one interpreter), hence msgspec.
 HTA_VENV := .venv-hta
-HTA_DEPS := "pandas<3" numpy networkx plotly pydot psutil pyyaml
+HTA_DEPS := "pandas<3" numpy networkx plotly pydot psutil pyyaml msgspec
 hta: $(HTA_VENV)/.ok
 $(HTA_VENV)/.ok: | $(STAMP)
 	@rm -rf $(HTA_VENV) && $(PYTHON) -m venv $(HTA_VENV) && \

@@ -10,11 +10,16 @@ reference trace (``../shared/reference/traces``, when present) and a synthetic t
 cuda_runtime launches with correlation ids and flow events, compute kernels on stream 7, NCCL
 on stream 20, memcpy on stream 22, memset; fractional timestamps as torch >= 2.3 writes them).
 Goal (issue 54): >= 10x faster and <= 0.2x peak memory on each of the corpus's largest traces
-(HTA's trace_diff pair, the ResNet and Qwen MI300X field traces). Peak memory is printed whole
-and net of the imports (pandas and numpy alone are ~100 MiB of either side's peak). The two
-sides also have to agree (printed); perfkit reads with HTA's rounding here for that.
+(HTA's trace_diff pair, the ResNet and Qwen MI300X field traces). Each side runs ``--repeats``
+times in fresh processes (each pays its cold start) and the median wall times are compared.
+Peak memory is printed whole and net of the imports: the interpreter with pandas and numpy is
+~70 MiB of either side's peak, 0.28x of HTA's whole peak on the largest trace by itself, so the
+whole-peak goal cannot hold while the breakdowns are DataFrames; net of imports it is what the
+analysis holds. The two sides also have to agree (printed); perfkit reads with HTA's rounding
+here for that, and HTA keeps a sub-microsecond GPU event that rounding ends before it starts at
+-1 us where perfkit keeps 0, so each such event is 1 us of allowed difference (counted, printed).
 
-    python benchmarks/trace_analysis_speed.py [--size-mb 200] [--skip-hta] [--keep PATH]
+    python benchmarks/trace_analysis_speed.py [--size-mb 200] [--repeats 3] [--skip-hta] [--keep PATH]
 
 Timings are of this machine at this moment; the load average is printed beside them.
 """
@@ -74,6 +79,28 @@ def _child(side: str, path: str, out: str) -> None:
     }))
 
 
+def _sub_us_gpu_events(path: str) -> int:
+    """GPU events that HTA's inward rounding (ts up, end down) ends before they start: HTA keeps
+    them at -1 µs, and its interval sums count that; perfkit's reader keeps them at 0. Each is
+    one microsecond the two sides may differ by."""
+    import numpy as np
+
+    from perfkit.analyse.trace.breakdown import read_trace
+
+    exact = read_trace(path)
+    gpu = exact.stream != -1
+    ts = exact.ts_us[gpu] + exact.origin_us
+    return int(np.count_nonzero(np.floor(ts + exact.dur_us[gpu]) < np.ceil(ts)))
+
+
+def _count_sub_us(path: str) -> int:
+    """:func:`_sub_us_gpu_events` in a process of its own: this one stays small, since a child's
+    maximum RSS on Linux starts from its parent's RSS at fork."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([sys.executable, __file__, "--sub-us", path, out.name], check=True)
+        return json.loads(Path(out.name).read_text())
+
+
 def _run(args: list[str]) -> tuple[int, float]:
     """(exit status, peak RSS in bytes) of a child Python process."""
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -93,6 +120,20 @@ def _measure(side: str, path: str) -> dict:
             return {"failed": status}
         res = json.loads(Path(out.name).read_text())
     return {**res, "peak_bytes": peak, "net_bytes": peak - base}
+
+
+def _median_of(side: str, path: str, repeats: int) -> dict:
+    """The run with the median wall time of ``repeats`` fresh processes (each pays its own cold
+    start: page faults, first calls), and the largest peak memory of them."""
+    runs = [_measure(side, path) for _ in range(repeats)]
+    if any("failed" in r for r in runs):
+        return next(r for r in runs if "failed" in r)
+    runs.sort(key=lambda r: r["wall_s"])
+    mid = dict(runs[len(runs) // 2])
+    mid["walls_s"] = [r["wall_s"] for r in runs]
+    mid["peak_bytes"] = max(r["peak_bytes"] for r in runs)
+    mid["net_bytes"] = max(r["net_bytes"] for r in runs)
+    return mid
 
 
 # --- a synthetic trace ------------------------------------------------------------------------------
@@ -196,42 +237,55 @@ def synthetic_trace(path: Path, size_mb: float, seed: int = 0) -> int:
 
 # --- the report -------------------------------------------------------------------------------------
 
-def _compare(label: str, path: str, skip_hta: bool) -> None:
+def _compare(label: str, path: str, skip_hta: bool, repeats: int) -> None:
     size = os.path.getsize(path)
     print(f"\n{label}: {path} ({size / 1e6:.1f} MB on disk)")
-    ours = _measure("perfkit", path)
-    print(f"  perfkit: {ours['wall_s']:7.2f} s, peak RSS {ours['peak_bytes'] / 2**20:7.0f} MiB "
-          f"(net of imports {ours['net_bytes'] / 2**20:6.0f} MiB)")
+    ours = _median_of("perfkit", path, repeats)
+    print(f"  perfkit: {ours['wall_s']:7.3f} s (median of {_walls(ours)}), peak RSS {ours['peak_bytes'] / 2**20:5.0f} MiB "
+          f"(net of imports {ours['net_bytes'] / 2**20:4.0f} MiB)")
     if skip_hta:
         return
-    theirs = _measure("hta", path)
+    theirs = _median_of("hta", path, repeats)
     if "failed" in theirs:
         print(f"  HTA failed (exit {theirs['failed']})")
         return
-    print(f"  HTA:     {theirs['wall_s']:7.2f} s, peak RSS {theirs['peak_bytes'] / 2**20:7.0f} MiB "
-          f"(net of imports {theirs['net_bytes'] / 2**20:6.0f} MiB)")
-    print(f"  perfkit is {theirs['wall_s'] / ours['wall_s']:.1f}x faster (goal >= 3x); peak memory "
-          f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x of HTA's (goal <= 0.5x), net "
+    print(f"  HTA:     {theirs['wall_s']:7.3f} s (median of {_walls(theirs)}), peak RSS {theirs['peak_bytes'] / 2**20:5.0f} MiB "
+          f"(net of imports {theirs['net_bytes'] / 2**20:4.0f} MiB)")
+    print(f"  perfkit is {theirs['wall_s'] / ours['wall_s']:.1f}x faster (goal >= 10x); peak memory "
+          f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x of HTA's (goal <= 0.2x), net of imports "
           f"{ours['net_bytes'] / max(theirs['net_bytes'], 1):.2f}x")
     def close(a, b, tol):
         return abs(a - b) <= tol or (a != a and b != b)  # NaN on both sides agrees
 
-    same = all(close(a, b, 1) for a, b in zip(ours["temporal"][:4], theirs["temporal"][:4]))
-    same &= close(ours["overlap_pctg"], theirs["overlap_pctg"], 0.1) and close(ours["idle_us"], theirs["idle_us"], 1)
+    # 1 µs, and 1 µs more for each GPU event HTA's rounding gives -1 µs (perfkit: 0).
+    sub_us = _count_sub_us(path)
+    tol = 1 + sub_us
+    same = all(close(a, b, tol) for a, b in zip(ours["temporal"][:4], theirs["temporal"][:4]))
+    same &= close(ours["overlap_pctg"], theirs["overlap_pctg"], 0.1) and close(ours["idle_us"], theirs["idle_us"], tol)
     ours_types = {k: v for k, v in ours["kernel_type_us"].items() if v}  # a type with 0 µs: HTA leaves it out
     theirs_types = {k: v for k, v in theirs["kernel_type_us"].items() if v}
-    same &= ours_types.keys() == theirs_types.keys() and all(close(ours_types[k], v, 1) for k, v in theirs_types.items())
-    print(f"  results agree with HTA: {'yes' if same else 'NO'} (temporal us perfkit {ours['temporal'][:4]}, "
-          f"HTA {theirs['temporal'][:4]}; overlap {ours['overlap_pctg']} vs {theirs['overlap_pctg']})")
+    same &= ours_types.keys() == theirs_types.keys() and all(close(ours_types[k], v, tol) for k, v in theirs_types.items())
+    print(f"  results agree with HTA: {'yes' if same else 'NO'} (within {tol} us: {sub_us} sub-us GPU events HTA's "
+          f"rounding keeps at -1 us, perfkit at 0; temporal us perfkit {ours['temporal'][:4]}, "
+          f"HTA {theirs['temporal'][:4]}; idle {ours['idle_us']} vs {theirs['idle_us']} us; overlap {ours['overlap_pctg']} vs {theirs['overlap_pctg']})")
+
+
+def _walls(res: dict) -> str:
+    return " ".join(f"{w:.3f}" for w in res["walls_s"])
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(*sys.argv[2:5])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--sub-us":
+        Path(sys.argv[3]).write_text(json.dumps(_sub_us_gpu_events(sys.argv[2])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=200.0, help="size of the synthetic trace (default 200)")
     parser.add_argument("--skip-hta", action="store_true", help="time perfkit alone")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="fresh processes per side and trace; the median wall time is compared (default 3)")
     parser.add_argument("--keep", type=Path, help="write the synthetic trace here and keep it")
     parser.add_argument("--traces", nargs="*", type=Path, default=None,
                         help="real traces to compare on (default: the corpus's largest: HTA's trace_diff pair, "
@@ -242,7 +296,7 @@ def main() -> None:
           "(other processes share them; ratios are of this one run)")
     for path in (args.traces if args.traces is not None else CORPUS):
         if path.is_file():
-            _compare("reference trace", str(path), args.skip_hta)
+            _compare("reference trace", str(path), args.skip_hta, args.repeats)
         else:
             print(f"\n(no trace at {path}; skipped)")
     if args.size_mb <= 0:
@@ -252,7 +306,7 @@ def main() -> None:
         t0 = time.perf_counter()
         steps = synthetic_trace(path, args.size_mb)
         print(f"\nwrote a synthetic trace of {steps} ProfilerSteps in {time.perf_counter() - t0:.1f} s")
-        _compare("synthetic trace", str(path), args.skip_hta)
+        _compare("synthetic trace", str(path), args.skip_hta, args.repeats)
     load = os.getloadavg()
     print(f"\nload average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.analyse.trace import events as trace_events
+from perfkit.analyse.trace import json_source
 from perfkit.analyse.trace.breakdown import (
     DATA_WAIT_SPAN, breakdowns, comm_comp_overlap, data_wait_share, kernel_type_breakdown,
     temporal_breakdown, top_kernels, trace_summary,
@@ -366,7 +366,7 @@ def test_reader_streams_across_chunk_boundaries(tmp_path, monkeypatch):
     plain = tmp_path / "plain.json"
     with gzip.open(ref) as f:
         plain.write_bytes(f.read())
-    monkeypatch.setattr(trace_events, "_CHUNK_BYTES", 97)  # every event crosses a chunk boundary
+    monkeypatch.setattr(json_source, "_CHUNK_BYTES", 97)  # every event crosses a chunk boundary
     small = read_trace(plain)
     for col in ("name_id", "cat_id", "ts_us", "dur_us", "stream", "correlation", "index"):
         assert np.array_equal(getattr(whole, col), getattr(small, col)), col

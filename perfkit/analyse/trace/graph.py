@@ -92,7 +92,7 @@ class _Builder:
 
     def __init__(self, ev: TraceEvents, w: Window, note: str):
         self.ev, self.w = ev, w
-        self.end = ev.end_us  # once: the property builds the array
+        self.end = ev.end_us
         self.g = StepGraph(path=ev.path, rank=ev.rank, step=w.step, measured_us=w.s1 - w.s0, start_us=w.s0,
                            tail_us=0.0, window=w.label, note=note)
 
