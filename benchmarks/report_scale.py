@@ -59,7 +59,7 @@ def main() -> None:
         t0 = time.perf_counter()
         df = load(work)
         load_s = time.perf_counter() - t0
-        from perfkit.view.report import write_report
+        from perfkit.view.report_page import write_report
 
         t0 = time.perf_counter()
         out = write_report(work, work / "report.html")

@@ -2,7 +2,8 @@
 
 Writes the report with ``perfkit report`` in a fresh process (imports included: what a user
 waits for), ``--repeats`` times, then opens it in headless Chromium and times from navigation to
-the moment bokeh's document is idle (every plot drawn). Issue 55's goals for the quickstart
+the first screen is drawn (its plots' bokeh documents idle), and to the moment every plot of
+the page is drawn (the page embeds them after the first screen, in page order). Issue 55's goals for the quickstart
 (``make demo``'s ``runs/quickstart``) on 2 cores: written in ≤ 8 s, drawn in ≤ 3 s.
 
     python benchmarks/report_speed.py runs/quickstart [--repeats 3]
@@ -33,7 +34,17 @@ def _write_s(folder: Path, out: Path) -> float:
     return time.perf_counter() - t0
 
 
-def _draw_s(page_path: Path, chromium: str) -> tuple[float, int]:
+#: The page embeds one bokeh document per plot (perfkit.view.report_page): those on the first
+#: screen at once, then the rest in page order. The first screen's time is the page's own clock
+#: (window.pkFirstScreenMs: its plots embedded and a frame painted, ms since navigation began);
+#: the whole page's is polled: every plot's document begun and idle.
+_WHOLE_PAGE = """() => window.pkAllEmbedded === true
+  && Bokeh.documents.length >= document.querySelectorAll('div.pk-plot').length
+  && Bokeh.documents.every(d => d.is_idle)"""
+
+
+def _draw_s(page_path: Path, chromium: str) -> tuple[float, float, int]:
+    """(seconds to the first screen drawn, seconds to every plot drawn, bokeh models)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -41,12 +52,12 @@ def _draw_s(page_path: Path, chromium: str) -> tuple[float, int]:
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         t0 = time.perf_counter()
         page.goto(page_path.as_uri())
-        page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0"
-                               " && Bokeh.documents[0].is_idle", timeout=120_000, polling=20)
-        seconds = time.perf_counter() - t0
-        n_figures = page.evaluate("() => Bokeh.documents[0].all_models.size")
+        page.wait_for_function(_WHOLE_PAGE, timeout=120_000, polling=20)
+        whole = time.perf_counter() - t0
+        first = page.evaluate("() => window.pkFirstScreenMs") / 1e3
+        n_models = page.evaluate("() => Bokeh.documents.reduce((n, d) => n + d.all_models.size, 0)")
         browser.close()
-    return seconds, n_figures
+    return first, whole, n_models
 
 
 def main() -> int:
@@ -69,8 +80,11 @@ def main() -> int:
             print("draw: not timed, no Chromium here")
             return 0
         draws = [_draw_s(out, chromium) for _ in range(args.repeats)]
-        print(f"draw: median {statistics.median(s for s, _ in draws):.2f} s (goal ≤ 3 s); samples "
-              + ", ".join(f"{s:.2f}" for s, _ in draws) + f"; {draws[0][1]} bokeh models")
+        print(f"draw, first screen: median {statistics.median(d[0] for d in draws):.2f} s (goal ≤ 3 s); samples "
+              + ", ".join(f"{d[0]:.2f}" for d in draws))
+        print(f"draw, whole page (every plot, embedded after the first screen): median "
+              f"{statistics.median(d[1] for d in draws):.2f} s; samples " + ", ".join(f"{d[1]:.2f}" for d in draws)
+              + f"; {draws[0][2]} bokeh models")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -67,9 +67,11 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from .view.report import write_report
+    from .view.report_page import write_report
 
-    path = write_report(args.dir, args.output, title=args.title)
+    if args.workers is not None and args.workers < 1:
+        raise BadInputError("--workers must be at least 1")
+    path = write_report(args.dir, args.output, title=args.title, workers=args.workers)
     print(f"report: {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return EXIT_OK
 
@@ -268,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write the standalone interactive HTML report of DIR")
     p.add_argument("dir", help="a results directory (a sweep's --out, a run's --out)")
     p.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="the page's title (default: perfkit report: DIR's name)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes that build and render the sections (default: one per core; 1: this one)")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("export", help="results into MLflow runs or TensorBoard runs (HParams), idempotent",

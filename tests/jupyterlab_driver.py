@@ -72,6 +72,12 @@ _ALL_RAN_JS = """() => { const w = window.jupyterapp.shell.currentWidget;
   const queued = code.some(c => (c.promptNode && c.promptNode.textContent || '').includes('*'));
   return !queued && (failed || code.every(c => c.model.executionCount !== null)); }"""
 
+# A standalone report (perfkit.view.report_page) has drawn every plot: each plot <div>'s bokeh
+# document embedded (the page embeds the first screen's, then the rest in page order) and idle.
+ALL_PLOTS_DRAWN_JS = """() => window.pkAllEmbedded === true && window.Bokeh !== undefined
+  && Bokeh.documents.length >= document.querySelectorAll('div.pk-plot').length
+  && Bokeh.documents.every(d => d.is_idle)"""
+
 # Data of every ColumnDataSource of every Bokeh document on the page: what the plots draw.
 PLOT_DATA_JS = """() => {
   if (!window.Bokeh) return null;
@@ -131,12 +137,14 @@ def launch_chromium():
 
 @contextlib.contextmanager
 def report_page(report: Path, *, width: int = 1200, height: int = 1600):
-    """Open ``report`` in headless Chromium (:func:`launch_chromium`), errors and failed requests kept."""
+    """Open ``report`` in headless Chromium (:func:`launch_chromium`), errors and failed requests
+    kept, once every plot of it is drawn."""
     with launch_chromium() as browser:
         opened = ReportPage(page=browser.new_page(viewport={"width": width, "height": height}))
         opened.page.on("pageerror", lambda exc: opened.errors.append(str(exc)))
         opened.page.on("requestfailed", lambda r: opened.failed.append(r.url[:200]))
         opened.page.goto(report.as_uri())
+        opened.page.wait_for_function(ALL_PLOTS_DRAWN_JS, timeout=60_000)
         yield opened
 
 

@@ -178,7 +178,7 @@ def test_the_report_draws_imported_runs_one_line_per_file_and_device(reference_d
     # > 0) are not drawn as measurements.
     assert any("NVIDIA GH200 120GB" in label or "nccl×2" in label for label in labels), labels
     assert any("AMD Instinct MI100" in label or "rccl×2" in label for label in labels), labels
-    from perfkit.view.report import write_report
+    from perfkit.view.report_page import write_report
 
     html = write_report(tmp_path, tmp_path / "r.html").read_text()
     assert "Collective bus bandwidth" in html and "AMD Instinct MI100" in html

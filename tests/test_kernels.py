@@ -126,7 +126,7 @@ def test_the_report_has_a_kernels_section_with_the_notebook_s_views_and_renders(
     from jupyterlab_driver import report_page
 
     from perfkit.core.results import RunContext, record
-    from perfkit.view.report import write_report
+    from perfkit.view.report_page import write_report
 
     impls = {**IMPLS, "raises": "torch.nn.functional:softmax"}  # softmax(x, shape, ...) raises: a failed point
     rows = measure_kernels(impls, shapes=[{"rows": 64, "hidden": 256}, {"rows": 64, "hidden": 1024}],

@@ -9,7 +9,7 @@ import pytest
 from perfkit.analyse import pipeline_bubble as pb
 from perfkit.core.env import fingerprint, flat_columns
 from perfkit.core.results import write_rows
-from perfkit.view.report import write_report
+from perfkit.view.report_page import write_report
 
 MIB = 10**6  # display_scale is SI: the plot shows MB
 

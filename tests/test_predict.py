@@ -365,7 +365,7 @@ def test_predict_records_its_points_and_the_report_draws_them_beside_the_measure
     assert "measured ddp from one" in labels and "predicted zero3 from one" in labels
     measured = [el for el in plot if el.label == "measured ddp from one"][0]
     assert list(measured.data["world_size"]) == [2] and measured.data["step_ms"].iloc[0] == pytest.approx(50.0)
-    from perfkit.view.report import write_report
+    from perfkit.view.report_page import write_report
 
     html = write_report(runs, tmp_path / "report.html").read_text()
     assert "Predicted scaling (perfkit predict)" in html and "predicted ddp from one" in html

@@ -1,6 +1,7 @@
 """The standalone report: sections from recorded rows, failures, fingerprints, escaping, and a
 real headless Chromium that must render every bokeh plot without a JavaScript error."""
 
+import html
 import os
 from pathlib import Path
 
@@ -8,10 +9,10 @@ import pandas as pd
 import pytest
 
 from perfkit.core.env import fingerprint, flat_columns
-from perfkit.view.report import write_report
+from perfkit.view.report_page import write_report
 from perfkit.core.results import write_rows
 
-from jupyterlab_driver import CHROMIUM_ARGS, chromium_path
+from jupyterlab_driver import ALL_PLOTS_DRAWN_JS, CHROMIUM_ARGS, chromium_path
 
 EVIL = "<script>alert('pwned')</script>"
 
@@ -51,8 +52,10 @@ def test_report_has_sections_failures_and_fingerprint(results_dir):
 def test_data_labels_are_escaped(results_dir):
     html = write_report(results_dir, results_dir / "report.html").read_text()
     assert EVIL not in html
-    # The failures table escapes it once; bokeh escapes its embedded document again.
-    assert "&amp;lt;script&amp;gt;alert(&amp;#x27;pwned&amp;#x27;)&amp;lt;/script&amp;gt;" in html
+    # The failures table is HTML, escaped once; a plot's legend is in its JSON, where '<', '>' and
+    # '&' are \\u escapes (the data can neither end the script element nor change how it is read).
+    assert "OutOfMemoryError: &lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html
+    assert "\\u003cscript\\u003ealert('pwned')\\u003c/script\\u003e" in html
 
 
 def test_mixed_environments_are_flagged(results_dir):
@@ -93,7 +96,7 @@ def test_report_renders_in_a_real_browser(results_dir):
         dialogs = []
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(report.as_uri())
-        page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0", timeout=30_000)
+        page.wait_for_function(ALL_PLOTS_DRAWN_JS, timeout=60_000)
         # Bokeh 3 draws into canvases inside shadow roots: walk them to count.
         count_canvases = """() => {
             const walk = (root) => Array.from(root.querySelectorAll('*')).reduce(
@@ -105,9 +108,9 @@ def test_report_renders_in_a_real_browser(results_dir):
         body_text = page.evaluate("""() => {  // text of the page, shadow roots included
             const walk = (root) => Array.from(root.querySelectorAll('*')).map(
                 el => (el.shadowRoot ? walk(el.shadowRoot) : '')).join(' ') + ' ' + (root.textContent || '');
-            return walk(document);
+            return document.body.innerText + ' ' + walk(document);
         }""")
-        n_plots = page.evaluate("""() => Bokeh.documents[0].roots().flatMap(r => [r, ...(r.children || [])])
+        n_plots = page.evaluate("""() => Bokeh.documents.flatMap(d => d.roots()).flatMap(r => [r, ...(r.children || [])])
                                    .filter(m => m.type === 'Figure' || m.constructor.name === 'Figure').length""")
         shot = Path(os.environ.get("PERFKIT_SCREENSHOT_DIR", results_dir)) / "report.png"
         page.screenshot(path=str(shot), full_page=True)
@@ -127,7 +130,7 @@ def test_an_empty_plot_inside_a_section_layout_leaves_no_panel_model_in_the_page
     # A training sweep with no known peak (bf16 on this CPU) and no activation model (convnet):
     # its section's layout holds Divs ("MFU unknown"...). Inside a layout holoviews renders a Div
     # as panel's HTML model, which a standalone page cannot resolve: Bokeh then drew nothing.
-    from perfkit.view.report import build_report
+    from perfkit.view.report_page import build_report
 
     rows = pd.DataFrame([{"workload": "train_step", "status": "ok", "model": "convnet", "batch_size": b,
                           "precision": "bf16", "parallelism": "none", "world_size": 1,
@@ -153,7 +156,7 @@ def test_every_tooltip_of_the_h200_report_names_a_field_its_plot_has_and_the_fir
     from bokeh.plotting import figure
 
     from perfkit.core.results import load
-    from perfkit.view.report import build_report
+    from perfkit.view.report_page import build_report
 
     folder = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu-h200"
     if not folder.is_dir():
@@ -215,3 +218,54 @@ def test_each_configuration_opens_on_its_rows_figures_and_traces(tmp_path):
     assert "<td>my_step</td><td>transformer</td><td>16</td><td>fp32</td><td>ok</td><td>0.0123</td><td>650.4</td>" in drill
     assert 'traces: rank0.json.gz (<a href="#traces">their summary</a>)' in drill
     assert drill.count("<details><summary>1</summary>") == 2  # one row each, opened on demand
+
+
+def _page_text(html_text: str) -> list[str]:
+    """The page's HTML text parts and plot placeholders in order, without what differs between
+    two writes (the time it was generated, bokeh's ids)."""
+    import re
+
+    body = html_text[html_text.index("<body>"):]
+    body = re.sub(r"generated [0-9-]+ [0-9:]+ UTC", "generated (time)", body)
+    parts = re.findall(r'<div class="pk-text">(.*?)</div>\n(?=<div class="pk-|<script>)|<div class="pk-plot"', body, re.S)
+    return parts
+
+
+def test_the_page_is_the_same_written_by_one_process_or_several(results_dir):
+    from test_parallelism_report import parallel_train_rows  # several sections, of different costs
+
+    write_rows(parallel_train_rows(with_pp=False).assign(**flat_columns(fingerprint("cpu"))),
+               results_dir / "results" / "parallel.parquet")
+    one = write_report(results_dir, results_dir / "one.html", workers=1).read_text()
+    two = write_report(results_dir, results_dir / "two.html", workers=2).read_text()
+    assert _page_text(one) == _page_text(two) and one.count('class="pk-plot"') == two.count('class="pk-plot"') >= 3
+    # Each plot's document carries what it draws: the GEMM sizes of both dtypes, from either writer.
+    for page in (one, two):
+        assert page.count('"name":"ColumnDataSource"') >= 1 and "GEMM throughput" in page
+    # In report order, however the sections were handed out (the longest first).
+    from perfkit.core.results import load
+    from perfkit.view.report import present_sections
+
+    titles = [section.title for section, _ in present_sections(load(results_dir))]
+    at = [two.index(f">{html.escape(title)}</h2>") for title in titles]
+    assert len(titles) >= 3 and at == sorted(at)
+    # Only the BokehJS bundles the plots use are inlined (MathJax's alone is 1.8 MB).
+    assert "BEGIN bokeh.min.js" in one and "BEGIN bokeh-mathjax" not in one
+
+
+def test_a_section_that_fails_leaves_the_older_page(results_dir, monkeypatch):
+    from perfkit.view import report
+
+    page = write_report(results_dir, results_dir / "report.html", workers=2)
+    before = page.read_text()
+
+    def broken(rows, all_rows):
+        raise RuntimeError("a plot that cannot be drawn")
+
+    gemm = next(s for s in report.SECTIONS if s.title == "GEMM throughput")
+    sections = list(report.SECTIONS)
+    sections[sections.index(gemm)] = report.Section(title=gemm.title, select=gemm.select, build=broken)
+    monkeypatch.setattr(report, "SECTIONS", sections)
+    with pytest.raises(RuntimeError, match="cannot be drawn"):
+        write_report(results_dir, page, workers=2)
+    assert page.read_text() == before and not list(results_dir.glob("*.tmp"))

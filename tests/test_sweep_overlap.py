@@ -76,7 +76,7 @@ def test_without_overlap_each_configuration_ends_before_the_next_measures(tmp_pa
 
 
 def test_a_notebook_without_view_cells_measures_to_its_end_and_the_sweep_says_how_busy(tmp_path):
-    from perfkit.view.report import write_report
+    from perfkit.view.report_page import write_report
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"notebook": str(TRIVIAL), "grid": {"x": [1]}}))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +20,9 @@ import pandas as pd
 from . import plots
 from .plots._common import whole
 from .report_summary import anchor, configurations_html, summary_html
-from ..core.results import load
 
-__all__ = ["Section", "SECTIONS", "sections", "failures_table", "build_report", "write_report",
+__all__ = ["Section", "SECTIONS", "sections", "failures_table", "present_sections",
+           "section_items", "page_top_html", "page_bottom_html",
            "REPORT_DIR_ENV", "notebook_results_dir", "comparison_base", "COMPARE_DIR_ENV",
            "notebook_compare_dir", "Parts"]
 
@@ -205,15 +204,13 @@ def sections(df: pd.DataFrame, *, output: str | Path | None = None,
     """(title, holoviews object or :class:`Parts`) for every section whose rows ``df`` holds, in
     report order; links to files are relative to ``output`` (the report file) when given.
 
-    ``notebooks/report.ipynb`` displays these live; :func:`build_report` renders them to HTML."""
+    ``notebooks/report.ipynb`` displays these live; :mod:`perfkit.view.report_page` writes them as a page."""
     out = []
-    for section in SECTIONS:
-        rows = section.select(df)
-        if not rows.empty:
-            where = {"output": output, "results_dir": results_dir} if section.links else {}
-            if section.findings and findings is not None:
-                where["findings"] = findings
-            out.append((section.title, section.build(rows, df, **where)))
+    for section, rows in present_sections(df):
+        where = {"output": output, "results_dir": results_dir} if section.links else {}
+        if section.findings and findings is not None:
+            where["findings"] = findings
+        out.append((section.title, section.build(rows, df, **where)))
     return out
 
 
@@ -312,40 +309,46 @@ def _page_findings(df: pd.DataFrame) -> list:
         return []
 
 
-def build_report(df: pd.DataFrame, *, title: str = "perfkit report", output: str | Path | None = None,
-                 results_dir: str | Path | None = None):
-    """A bokeh layout of the report for ``df`` (rows as :func:`perfkit.core.results.load` gives);
-    ``output``/``results_dir``: where the page and the rows are, for links to trace files."""
-    import holoviews as hv
-    from bokeh.layouts import column
-    from bokeh.models import Div
+def present_sections(df: pd.DataFrame) -> list[tuple[Section, pd.DataFrame]]:
+    """The sections ``df`` has rows for, in report order, with their rows."""
+    out = []
+    for section in SECTIONS:
+        rows = section.select(df)
+        if not rows.empty:
+            out.append((section, rows))
+    return out
 
-    plots.hv_bokeh()
+
+def section_items(section: Section, rows: pd.DataFrame, df: pd.DataFrame, *, output=None, results_dir=None,
+                  findings: list | None = None) -> list:
+    """What the page shows for one section, in order: HTML text (``str``) and holoviews objects."""
+    import holoviews as hv
+
+    where = {"output": output, "results_dir": results_dir} if section.links else {}
+    if section.findings and findings is not None:
+        where["findings"] = findings
+    items = [f'<h2 id="{anchor(section.title)}">{html.escape(section.title)}</h2>']
+    for item in _items(section.build(rows, df, **where), hv):
+        # An hv.Div is a panel model in bokeh: a standalone page lacks panel's JavaScript.
+        items.append(item.data if isinstance(item, hv.Div) else item)
+    return items
+
+
+def page_top_html(df: pd.DataFrame, title: str, findings: list, titles: list[str]) -> str:
+    """The page's first screen: the title, the rows' count and the summary (report_summary)."""
     counts = df["status"].value_counts().to_dict() if "status" in df else {}
     summary = ", ".join(f"{html.escape(str(k))}: {v}" for k, v in counts.items()) or "no rows"
     n_configs = df["config_id"].nunique() if "config_id" in df else 0
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    findings = _page_findings(df)
-    built = sections(df, output=output, results_dir=results_dir, findings=findings)
-    first = summary_html(df, findings, [t for t, _ in built])
-    parts = [Div(text=f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, "
-                      f"{len(df)} rows ({summary}); generated {stamp}.</p>{first}", sizing_mode="stretch_width")]
-    shown = []
-    for title, obj in built:
-        shown.append(title)
-        parts.append(Div(text=f'<h2 id="{anchor(title)}">{html.escape(title)}</h2>'))
-        for item in _items(obj, hv):
-            if isinstance(item, hv.Div):  # a panel model: a standalone page lacks panel's JavaScript
-                item = item.data
-            parts.append(Div(text=item, sizing_mode="stretch_width") if isinstance(item, str)
-                         else _render(item, hv))
-    parts.append(Div(text=f'<h2 id="{anchor("Configurations")}">Configurations</h2>'
-                          + configurations_html(df, results_dir=results_dir, output=output), sizing_mode="stretch_width"))
-    parts.append(Div(text=_failures(df), sizing_mode="stretch_width"))
-    parts.append(Div(text=_environment(df) + _device_busy(results_dir), sizing_mode="stretch_width"))
-    layout = column(*parts)
-    layout.tags = shown
-    return layout
+    return (f"{_CSS}<h1>{html.escape(title)}</h1><p>{n_configs} configurations, {len(df)} rows ({summary}); "
+            f"generated {stamp}.</p>{summary_html(df, findings, titles)}")
+
+
+def page_bottom_html(df: pd.DataFrame, *, output=None, results_dir=None) -> list[str]:
+    """After the sections: every configuration, the failures, the environments."""
+    return [f'<h2 id="{anchor("Configurations")}">Configurations</h2>'
+            + configurations_html(df, results_dir=results_dir, output=output),
+            _failures(df), _environment(df) + _device_busy(results_dir)]
 
 
 def _render(obj, hv):
@@ -371,28 +374,6 @@ def _items(obj, hv) -> tuple:
     if isinstance(obj, hv.Layout) and any(isinstance(e, hv.Div) for e in obj.values()):
         return tuple(obj.values())
     return (obj,)
-
-
-def write_report(directory: str | Path, output: str | Path, *, title: str | None = None) -> Path:
-    """Load every row under ``directory`` and write the standalone report to ``output``."""
-    from bokeh.embed import file_html
-    from bokeh.resources import INLINE
-
-    df = load(directory)
-    title = title or f"perfkit report: {Path(directory).resolve().name}"
-    output = Path(output)
-    layout = build_report(df, title=title, output=output, results_dir=directory)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(output.suffix + ".tmp")
-    page = file_html(layout, resources=INLINE, title=title)
-    # An empty icon: opened from disk, browsers would otherwise request a missing /favicon.ico.
-    page = page.replace("<head>", '<head>\n    <link rel="icon" href="data:,">', 1)
-    # panel (imported by holoviews) registers an ES-module shim that bokeh links by a relative
-    # path instead of inlining; no plot here uses it, and offline it would only be a failed load.
-    page = re.sub(r'<script src="static/extensions/[^"]*"></script>\s*', "", page)
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(output)
-    return output
 
 
 #: The results folder of the report notebook when its ``results_dir`` parameter is "" (how the
