@@ -243,3 +243,13 @@ def test_parallelism_templates_validate_in_a_dry_run(tmp_path, template, n, pp):
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("train_step-")]
     assert len(lines) == n and sum('parallelism="pp"' in ln for ln in lines) == pp
+
+
+def test_every_training_plot_keeps_its_first_and_last_points_inside_the_frame():
+    # Issue 55: points at the smallest and largest batch sat on the frame's edge, half cut off.
+    hv = _hv()
+    df = _synthetic()
+    ok = df[(df["workload"] == "train_step") & (df["status"] == "ok")]
+    for plot in (throughput_vs_batch(df), memory_vs_batch(df), mfu_vs_batch(df), activations_vs_batch(df)):
+        fig = hv.render(plot, backend="bokeh")
+        assert fig.x_range.start < ok["batch_size"].min() and fig.x_range.end > ok["batch_size"].max(), fig.title.text

@@ -155,7 +155,7 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
                         width=width_with_legend(elements), height=400, **LEGEND_BESIDE,
-                        show_grid=True))
+                        show_grid=True, padding=0.08))  # every point inside the frame
 
 
 def memory_vs_batch(df: pd.DataFrame):
@@ -175,7 +175,7 @@ def memory_vs_batch(df: pd.DataFrame):
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
                         ylabel=f"peak memory ({prefix}B)", logx=True,
                         width=width_with_legend(elements), height=360,
-                        **LEGEND_BESIDE, show_grid=True))
+                        **LEGEND_BESIDE, show_grid=True, padding=0.08))
 
 
 def activations_vs_batch(df: pd.DataFrame):
@@ -204,7 +204,7 @@ def activations_vs_batch(df: pd.DataFrame):
         hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
                               "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
                         logx=True, width=width_with_legend(elements), height=360, **LEGEND_BESIDE,
-                        show_grid=True))
+                        show_grid=True, padding=0.08))  # every point inside the frame
 
 
 def mfu_vs_batch(df: pd.DataFrame):
@@ -239,7 +239,7 @@ def mfu_vs_batch(df: pd.DataFrame):
         hv.opts.Overlay(title="MFU (analytic model FLOP) and counted-FLOP utilisation",
                         xlabel="global batch size", ylabel=ylabel, logx=True,
                         width=width_with_legend(elements),
-                        height=360, **LEGEND_BESIDE, show_grid=True))
+                        height=360, **LEGEND_BESIDE, show_grid=True, padding=0.08))
 
 
 def training_summary(df: pd.DataFrame):
