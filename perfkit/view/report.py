@@ -1,8 +1,9 @@
-"""The standalone HTML report: an A/B sweep's comparison, every plot whose rows are present, the
-profiled runs' traces (breakdowns and links), the failures, the environment.
+"""What the standalone HTML report shows: an A/B sweep's comparison, every plot whose rows are
+present, the profiled runs' traces (breakdowns and links), the failures, the environment.
 
-One page, bokeh resources inlined (it opens offline, e.g. copied off a cluster node). Text taken
-from data — labels, reasons, hostnames — is HTML-escaped before it reaches the page.
+The sections and the page's text are here; :mod:`perfkit.view.report_page` writes them as one
+page, bokeh resources inlined (it opens offline, e.g. copied off a cluster node). Text taken from
+data — labels, reasons, hostnames — is HTML-escaped before it reaches the page.
 """
 
 from __future__ import annotations
@@ -205,13 +206,16 @@ def sections(df: pd.DataFrame, *, output: str | Path | None = None,
     report order; links to files are relative to ``output`` (the report file) when given.
 
     ``notebooks/report.ipynb`` displays these live; :mod:`perfkit.view.report_page` writes them as a page."""
-    out = []
-    for section, rows in present_sections(df):
-        where = {"output": output, "results_dir": results_dir} if section.links else {}
-        if section.findings and findings is not None:
-            where["findings"] = findings
-        out.append((section.title, section.build(rows, df, **where)))
-    return out
+    return [(section.title, _built(section, rows, df, output=output, results_dir=results_dir, findings=findings))
+            for section, rows in present_sections(df)]
+
+
+def _built(section: Section, rows: pd.DataFrame, df: pd.DataFrame, *, output, results_dir, findings):
+    """``section.build`` with what it takes: the report's place and the rows' (links), the advice."""
+    where = {"output": output, "results_dir": results_dir} if section.links else {}
+    if section.findings and findings is not None:
+        where["findings"] = findings
+    return section.build(rows, df, **where)
 
 
 def failures_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -324,11 +328,9 @@ def section_items(section: Section, rows: pd.DataFrame, df: pd.DataFrame, *, out
     """What the page shows for one section, in order: HTML text (``str``) and holoviews objects."""
     import holoviews as hv
 
-    where = {"output": output, "results_dir": results_dir} if section.links else {}
-    if section.findings and findings is not None:
-        where["findings"] = findings
     items = [f'<h2 id="{anchor(section.title)}">{html.escape(section.title)}</h2>']
-    for item in _items(section.build(rows, df, **where), hv):
+    built = _built(section, rows, df, output=output, results_dir=results_dir, findings=findings)
+    for item in _items(built, hv):
         # An hv.Div is a panel model in bokeh: a standalone page lacks panel's JavaScript.
         items.append(item.data if isinstance(item, hv.Div) else item)
     return items
