@@ -231,6 +231,7 @@ def _page_text(html_text: str) -> list[str]:
     return parts
 
 
+@pytest.mark.slow  # two reports of three sections: ~5 s
 def test_the_page_is_the_same_written_by_one_process_or_several(results_dir):
     from test_parallelism_report import parallel_train_rows  # several sections, of different costs
 
