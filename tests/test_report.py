@@ -270,3 +270,26 @@ def test_a_section_that_fails_leaves_the_older_page(results_dir, monkeypatch):
     with pytest.raises(RuntimeError, match="cannot be drawn"):
         write_report(results_dir, page, workers=2)
     assert page.read_text() == before and not list(results_dir.glob("*.tmp"))
+
+
+@pytest.mark.timeout(60)  # the bug this catches waits forever
+def test_a_report_worker_that_dies_fails_the_write_instead_of_waiting(results_dir, monkeypatch):
+    import signal
+
+    from perfkit.view import report
+
+    page = write_report(results_dir, results_dir / "report.html", workers=2)
+    before = page.read_text()
+
+    def killed(rows, all_rows):
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a worker
+
+    gemm = next(s for s in report.SECTIONS if s.title == "GEMM throughput")
+    sections = list(report.SECTIONS)
+    sections[sections.index(gemm)] = report.Section(title=gemm.title, select=gemm.select, build=killed)
+    monkeypatch.setattr(report, "SECTIONS", sections)
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        write_report(results_dir, page, workers=2)
+    assert page.read_text() == before

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 import re
 from pathlib import Path
 
@@ -120,10 +121,16 @@ def write_page(df: pd.DataFrame, output: Path, *, title: str, results_dir=None, 
     _JOB.update(df=df, present=present, output=output, results_dir=results_dir)
     try:
         if n > 1:
-            with multiprocessing.get_context("fork").Pool(n) as pool:
-                pending = {i: pool.apply_async(_build, (i,)) for i in order}
-                findings = None if any(s.findings for s, _ in present) else _page_findings(df)
-                built = {i: job.get() for i, job in pending.items()}
+            # A worker that dies (killed, out of memory) fails the write (BrokenProcessPool),
+            # where a multiprocessing.Pool would wait for its result forever.
+            with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+                pending = {i: pool.submit(_build, i) for i in order}
+                try:
+                    findings = None if any(s.findings for s, _ in present) else _page_findings(df)
+                    built = {i: job.result() for i, job in pending.items()}
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)
+                    raise
         else:
             findings = None if any(s.findings for s, _ in present) else _page_findings(df)
             built = {i: _build(i) for i in order}
