@@ -30,8 +30,8 @@ from perfkit.core.errors import BadInputError
 __all__ = ["JsonSource"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_CHUNK_BYTES = 1 << 20
-_RUN_CHARS = 1 << 20  # text decoded at once by runs(): bounds the memory a run's events hold
+_CHUNK_BYTES = 1 << 18
+_RUN_CHARS = 1 << 18  # text decoded at once by runs(): bounds the memory a run's events hold
 _MAX_VALUE_CHARS = 64 << 20  # one JSON value (an event, a metadata block) larger than this is not a trace
 _WS = re.compile(rb"[ \t\n\r]*")
 _WS_TEXT = re.compile(r"[ \t\n\r]*")
