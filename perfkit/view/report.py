@@ -298,21 +298,6 @@ table.pk td,table.pk th{border:1px solid #ccc;padding:2px 6px;text-align:left}
 </style>"""
 
 
-def _page_findings(df: pd.DataFrame) -> list:
-    """The advice on the folder's ok rows, once for the page (none where there is nothing to advise)."""
-    from ..analyse.advice import advise
-    from ..analyse.advice.rules import all_rules
-    from ..core.errors import BadInputError
-
-    rows = df[df["status"] == "ok"] if "status" in df and "config_id" in df else df.iloc[0:0]
-    if rows.empty:
-        return []
-    try:
-        return advise(rows, all_rules())
-    except BadInputError:
-        return []
-
-
 def present_sections(df: pd.DataFrame) -> list[tuple[Section, pd.DataFrame]]:
     """The sections ``df`` has rows for, in report order, with their rows."""
     out = []
@@ -351,20 +336,6 @@ def page_bottom_html(df: pd.DataFrame, *, output=None, results_dir=None) -> list
     return [f'<h2 id="{anchor("Configurations")}">Configurations</h2>'
             + configurations_html(df, results_dir=results_dir, output=output),
             _failures(df), _environment(df) + _device_busy(results_dir)]
-
-
-def _render(obj, hv):
-    """The bokeh model of a plot. A layout's panels are rendered one by one and set in a grid of
-    its columns: holoviews renders a layout of overlays in about 1.7× the time of its panels
-    alone (the quickstart's training section: 4.1 s against 2.4 s), most of the report's time
-    (issue 55: the report's write goal is 8 s). The panels' axes are not linked; each keeps its own
-    toolbar, merged into one by the grid."""
-    from bokeh.layouts import gridplot
-
-    if not isinstance(obj, hv.Layout) or len(obj) < 2:
-        return hv.render(obj, backend="bokeh")
-    ncols = getattr(obj, "_max_cols", None) or len(obj)
-    return gridplot([hv.render(panel, backend="bokeh") for panel in obj.values()], ncols=min(ncols, len(obj)))
 
 
 def _items(obj, hv) -> tuple:

@@ -28,16 +28,9 @@ _OP_ARG_KEYS = (("Input Dims", "dims"), ("Input type", "types"), ("Input Strides
                 ("Concrete Inputs", "concrete"))
 
 
-def _stream_of(value) -> int:
-    if type(value) is int:
-        return value
-    try:  # HTA: normalize_gpu_stream_numbers, int() or -1
-        return int(value)
-    except (ValueError, TypeError):
-        return -1
-
-
 def int_or(value, default: int = -1) -> int:
+    """``int(value)``, or ``default`` where it is not a number (HTA's normalize_gpu_stream_numbers:
+    ROCm's host streams say "0x0")."""
     if type(value) is int:
         return value
     try:
@@ -111,6 +104,8 @@ def _ints(values: list, normalise) -> np.ndarray:
     if set(map(type, values)) <= _INT:
         return np.array(values, dtype=np.int64)
     return np.array(list(map(normalise, values)), dtype=np.int64)
+
+
 _DECODERS = {False: msgspec.json.Decoder(list[_Event]), True: msgspec.json.Decoder(list[_OpEvent])}
 _GENERIC = msgspec.json.Decoder()
 
@@ -207,16 +202,16 @@ class EventColumns:
         _put(c.name_id, np.fromiter(map(names.__getitem__, name), dtype=np.int32, count=len(rows)))
         kept_code = cat_code[rows]
         to_name = np.full(len(cat_of), -1, dtype=np.int32)
+        categories = list(cat_of)  # by code
         for code in np.flatnonzero(np.bincount(kept_code, minlength=len(cat_of))).tolist():
-            category = cat[int(np.argmax(cat_code == code))]
-            to_name[code] = names.setdefault(category, len(names))
+            to_name[code] = names.setdefault(categories[code], len(names))
         _put(c.cat_id, to_name[kept_code])
         _put(c.pid, _ints(list(map(_PID, kept)), self.code))
         _put(c.tid, _ints(list(map(_TID, kept)), self.code))
         args = list(map(_ARGS, kept))
         if None in args:
             args = [a if a is not None else _NO_ARGS for a in args]
-        _put(c.stream, _parsed_ints(list(map(_STREAM, args)), _stream_of))
+        _put(c.stream, _parsed_ints(list(map(_STREAM, args)), int_or))
         _put(c.correlation, _parsed_ints(list(map(_CORRELATION, args)), int_or))
         _put(c.external_id, _parsed_ints(list(map(_EXTERNAL_ID, args)), int_or))
         _put(c.index, rows + base)
@@ -272,7 +267,7 @@ class EventColumns:
         row = len(c.ts)
         args = ev.get("args")
         if type(args) is dict:
-            stream = _stream_of(args.get("stream", -1))
+            stream = int_or(args.get("stream", -1))
             corr = int_or(args.get("correlation", -1))
             ext = int_or(args.get("External id", -1))
             if self.op_args and cat == "cpu_op" and "Input Dims" in args:
