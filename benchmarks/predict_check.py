@@ -10,7 +10,9 @@ like: the slowest rank's traced step), for two models:
   backward), the host idle while a "device" works, as on a GPU: what the prediction can hold to.
 
 ZeRO-3 is predicted from a one-rank ZeRO-3 (FSDP2) step where there is one, else from the plain
-step. Prints each prediction, its measured point and the error, and the load; with ``--reps N``
+step. The one-rank configurations run on one rank's share of the cores (half of them, by affinity:
+each of the 2 ranks computes with one thread of two cores), since weak scaling keeps a rank's
+compute as the base's; ``perfkit predict`` says where a base had another share. Prints each prediction, its measured point and the error, and the load; with ``--reps N``
 the whole measurement N times over (fresh sweeps each time), then each error's min, median and max.
 Leave the machine otherwise idle: the ranks share its cores.
 
@@ -42,8 +44,17 @@ _CONFIGS = [{"parallelism": "none", "world_size": 1, "batch_size": 8},
             {"parallelism": "zero3", "world_size": 2, "batch_size": 16}]
 
 
-def _perfkit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True, text=True, check=True)
+def _perfkit(*args: str, cpus: set[int] | None = None) -> subprocess.CompletedProcess:
+    """``perfkit ARGS``; on ``cpus`` only where given (its sweep slots then see only those cores)."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    return subprocess.run([sys.executable, "-m", "perfkit.cli", *args], capture_output=True, text=True, check=True,
+                          preexec_fn=pin)
+
+
+def _rank_share(world_size: int) -> set[int]:
+    """The cores one of ``world_size`` ranks has on this machine: the first 1/world_size of them."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return set(cpus[:max(1, len(cpus) // world_size)])
 
 
 def _once(out: Path) -> dict[tuple[str, str], float]:
@@ -54,10 +65,12 @@ def _once(out: Path) -> dict[tuple[str, str], float]:
     print(f"{'model':<13}{'layout':<7}{'predicted ms':>13}{'measured ms':>13}{'error':>9}{'comm costed':>13}{'comm in step':>14}")
     errors = {}
     for name, model in _MODELS.items():
-        spec = out / f"{name}.yaml"
-        spec.write_text(yaml.safe_dump({"notebook": str(REPO / "notebooks" / "train_step.ipynb"),
-                                        "parameters": {**model, **_PROFILE}, "configs": _CONFIGS}))
-        _perfkit("sweep", str(spec), "--out", str(out / name), "--quiet")
+        for ranks in (1, 2):
+            spec = out / f"{name}-{ranks}.yaml"
+            spec.write_text(yaml.safe_dump({"notebook": str(REPO / "notebooks" / "train_step.ipynb"),
+                                            "parameters": {**model, **_PROFILE},
+                                            "configs": [c for c in _CONFIGS if c["world_size"] == ranks]}))
+            _perfkit("sweep", str(spec), "--out", str(out / name), "--quiet", cpus=_rank_share(2) if ranks == 1 else None)
         result = json.loads(_perfkit("predict", str(out / name), "--network", str(net), "--world-sizes", "2",
                                      "--blocks", "4" if name == "device_like" else "2", "--json").stdout)
         for p in result["predictions"]:

@@ -152,3 +152,58 @@ def test_a_rejected_fit_still_predicts_and_says_how_poor():
     one_size = rows[rows["size_bytes"] == 1024]
     with pytest.raises(BadInputError, match="no all_reduce, all_gather or reduce_scatter with an α-β fit"):
         network_from_rows(one_size, "one size")
+
+
+def _gloo_rows(ops, backend="gloo", spike_s=3e-3, seed=0):
+    """Collectives rows as perfkit records them (raw samples kept): 10 samples a size on an α-β
+    line (an all-reduce's twice an all-gather's, as a ring's), one in five delayed by ``spike_s``
+    (a thread woken late)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for op in ops:
+        for s in [2**k for k in range(10, 23, 2)]:
+            base = (2 if op == "all_reduce" else 1) * (3e-4 + s / 1e9)
+            samples = [base * (1 + 0.01 * rng.standard_normal()) + (spike_s if k % 5 == 0 else 0.0) for k in range(10)]
+            rows.append({"workload": "collectives", "status": "ok", "op": op, "inplace": False, "world_size": 2,
+                         "size_bytes": s, "backend": backend, "time_s": float(np.mean(samples)),
+                         "time_samples_s": samples})
+    return pd.DataFrame(rows)
+
+
+def test_each_collective_costs_its_mean_the_median_curve_plus_the_tables_mean_excess():
+    """A step pays every call in full: the curve follows the medians, and each call adds the mean
+    excess of the raw samples over their size's median (here 2 of 10 samples 3 ms late: 0.6 ms);
+    a table without raw samples (nccl-tests prints means) adds nothing."""
+    import numpy as np
+
+    from perfkit.analyse.network_model import network_from_rows
+
+    rows = _gloo_rows(["all_gather"])
+    net = network_from_rows(rows, "spiky")
+    excess = np.concatenate([np.asarray(s) - np.median(s) for s in rows["time_samples_s"]]).mean()
+    assert net.links["all_gather"].tail_s == pytest.approx(excess) and excess == pytest.approx(6e-4, rel=0.05)
+    for size, samples in zip(rows["size_bytes"], rows["time_samples_s"]):
+        assert net.time_s("all_gather", size, 2) == pytest.approx(np.median(samples) + excess, rel=0.05)
+    assert any(re.search(r"at its mean time.*all_gather (59\d|60\d) us", a) for a in net.assumptions())
+    means = network_from_rows(rows.drop(columns="time_samples_s"), "means")
+    assert means.links["all_gather"].tail_s == 0.0
+
+
+def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_of_the_whole_input():
+    """torch's gloo backend has no reduce-scatter of its own (its traces show ``gloo:all_reduce``):
+    with no reduce-scatter fitted, a gloo one is costed as the all-reduce it is; NCCL's borrows the
+    all-gather's links, the ring's reduce-scatter; a fitted gloo reduce-scatter is used as measured."""
+    from perfkit.analyse.network_model import network_from_rows
+
+    gloo = network_from_rows(_gloo_rows(["all_gather", "all_reduce"], spike_s=0.0), "gloo")
+    assert gloo.time_s("reduce_scatter", 2**22, 2) == gloo.time_s("all_reduce", 2**22, 2)
+    assert gloo.time_s("reduce_scatter", 2**22, 2) > 1.5 * gloo.time_s("all_gather", 2**22, 2)
+    assert any("gloo runs it as an all-reduce" in a for a in gloo.assumptions())
+    nccl = network_from_rows(_gloo_rows(["all_gather", "all_reduce"], backend="nccl", spike_s=0.0), "nccl")
+    assert nccl.time_s("reduce_scatter", 2**22, 2) == nccl.time_s("all_gather", 2**22, 2)
+    fitted = network_from_rows(_gloo_rows(["all_gather", "reduce_scatter"], spike_s=0.0), "gloo rs")
+    assert fitted.time_s("reduce_scatter", 2**22, 2) == pytest.approx(3e-4 + 2**22 / 1e9, rel=0.02)
+    only_ag = network_from_rows(_gloo_rows(["all_gather"], spike_s=0.0), "gloo ag")  # no loop between the fallbacks
+    assert only_ag.time_s("reduce_scatter", 2**22, 2) == only_ag.time_s("all_reduce", 2**22, 2) > 0

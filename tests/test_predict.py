@@ -225,6 +225,26 @@ def test_zero3_gathers_each_unit_before_its_compute_and_shards_the_optimizer(cpu
     assert slow.exposed_comm_s > 2 * 2e-3 and slow.step_s > p.step_s
 
 
+def test_zero3_on_a_cpu_step_waits_for_every_collective_and_on_a_device_overlaps_its_gathers(cpu_trace):
+    """FSDP2 unshards and reduce-scatters with ``async_op=False``: on a CPU step ``work.wait()``
+    blocks the thread that issued it, so every collective is exposed (the prefetch overlapped them
+    with compute, under-predicting a gloo step); on a GPU it only orders streams, and the
+    prefetched gathers hide behind the device's compute."""
+    g = step_graphs(cpu_trace)[0]
+    facts = ModelFacts(**CPU_FACTS)
+    p = what_if(g, layout="zero3", world_size=2, network=_net_from(5e-3, 1e8), facts=facts)
+    assert p.collectives == 8 and p.comm_s > 0.04
+    # All but the host's Python time between two ops, where the hook that issues each one runs
+    # (under a millisecond in all; the prefetch overlapped a unit's compute with each gather).
+    assert p.exposed_comm_s > p.comm_s - 0.002
+    assert any("blocks the thread that issued it" in a for a in p.assumptions)
+    _need(H200_TRACE)
+    d = what_if(step_graphs(H200_TRACE)[0], layout="zero3", world_size=8, network=_net_from(5e-6, 1e11),
+                facts=ModelFacts(n_params=int(400e6), n_params_non_embedding=int(300e6), n_blocks=4, grad_bytes=2))
+    assert d.exposed_comm_s < 0.8 * d.comm_s
+    assert not any("blocks the thread" in a for a in d.assumptions)
+
+
 def test_tp_divides_the_sharded_compute_and_waits_for_four_activation_all_reduces_a_block(cpu_trace):
     from perfkit.analyse.predict import _REPLICATED, _compute_nodes, _time_key
 
@@ -612,3 +632,26 @@ def test_rccl_kernels_of_a_ddp_base_are_communication_and_re_costed():
     slow = what_if(g, layout="ddp", world_size=8, network=_net_from(1e-3, 1e9), facts=facts)
     assert fast.collectives == slow.collectives == 2  # its own all-reduces, re-costed
     assert slow.comm_s > 100 * fast.comm_s and slow.step_s > fast.step_s
+
+
+def test_a_cpu_base_with_another_share_of_the_cores_than_a_rank_is_said(cpu_trace, tmp_path):
+    """Weak scaling keeps a rank's compute as the base's: a one-rank CPU base that computed with 2
+    threads, checked against ranks of 1 thread each (``cpu_threads`` sums a run's ranks), is not
+    like with like, and the prediction says so and how to run the base; equal shares say nothing."""
+    import pandas as pd
+
+    from perfkit.core.results import write_rows
+
+    runs, net = _folders(tmp_path, cpu_trace)
+    table = runs / "results" / "train.parquet"
+    rows = pd.read_parquet(table).assign(device="cpu", cpu_threads=[2, 2])
+    table.unlink()
+    write_rows(rows, table)
+    said = _cli(runs, "--world-sizes", "2", "--network", net, "--layout", "ddp")
+    assert said.returncode == 0, said.stderr
+    assert "the base computed with 2 CPU threads, each measured rank with 1" in said.stdout
+    assert "taskset" in said.stdout
+    table.unlink()
+    write_rows(rows.assign(cpu_threads=[1, 2]), table)
+    quiet = _cli(runs, "--world-sizes", "2", "--network", net, "--layout", "ddp")
+    assert quiet.returncode == 0 and "CPU threads" not in quiet.stdout

@@ -22,6 +22,24 @@ slowest link). With one, a group the other level would carry is costed on the on
 an upper bound inside a node from an inter-node table, a lower bound across nodes from an
 intra-node one.
 
+**Each collective at its mean.** The α-β curve goes through each size's median (robust to the
+outliers a fit must not follow), but a step pays every collective it waits for in full, outliers
+included: a step's expected time sums its collectives' *means*. Where the rows keep their raw
+samples (perfkit's own), each link carries its table's mean excess over the median
+(:attr:`Link.tail_s`: every sample minus its size's median, averaged over all sizes, since the
+outliers — a rank's thread woken late, a scheduler's tick — do not grow with the message), and
+:meth:`NetworkModel.time_s` adds it once per collective. nccl-tests' tables print mean times
+already (its ``time`` column averages the timed iterations): no excess is added to them. On a
+2-core VM's gloo it is 0.2–0.7 ms a collective, as large as a small message's whole median time;
+on NCCL between GPUs it is small.
+
+**Backends that run one collective as another.** gloo has no reduce-scatter of its own:
+``reduce_scatter_tensor`` runs as an all-reduce of the whole input (torch 2.13: a gloo
+``_reduce_scatter_base`` is traced as ``gloo:all_reduce``; perfkit's gloo ZeRO-3 traces show only
+``gloo:all_reduce`` and ``gloo:all_gather``). A gloo reduce-scatter table measures exactly that,
+and is used as it is; where it has no fit, a gloo reduce-scatter is costed as an all-reduce of its
+size, not on the all-gather's links.
+
 What the model does not know, and :attr:`Link.note` / :meth:`NetworkModel.extrapolation` /
 :meth:`NetworkModel.size_flag` say: a group larger than the one measured crosses links the
 measurement did not (more nodes, another switch tier); NCCL switches to tree algorithms at scale
@@ -35,6 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from perfkit.core.errors import BadInputError
@@ -63,9 +82,11 @@ class Link:
     note: str
     min_size_bytes: float = math.nan
     max_size_bytes: float = math.nan
+    """The message sizes the fit measured: a prediction outside them is flagged (:meth:`NetworkModel.size_flag`)."""
     hosts: int = 0
     """The hosts the table ran on (0: not known, a perfkit folder's rows)."""
-    """The message sizes the fit measured: a prediction outside them is flagged (:meth:`NetworkModel.size_flag`)."""
+    tail_s: float = 0.0
+    """The mean excess of a call's time over its size's median (0 where the table keeps no raw samples)."""
 
 
 @dataclass(frozen=True)
@@ -98,15 +119,34 @@ class NetworkModel:
         reduce-scatter on the other's links, else on the all-reduce's."""
         if self.level(world_size) is not self:
             return self.level(world_size).time_s(op, size_bytes, world_size)
-        hops = ring_hops(op, world_size)  # refuses an op without a ring model
+        ring_hops(op, world_size)  # refuses an op without a ring model
         if world_size <= 1 or size_bytes <= 0:
             return 0.0
+        op = self.runs_as(op)
         if op not in self.links and op == "all_reduce":
-            return self.time_s("reduce_scatter", size_bytes, world_size) + self.time_s("all_gather", size_bytes, world_size)
-        link = self.links.get(op) or self.links.get("all_gather" if op == "reduce_scatter" else "reduce_scatter") \
-            or self.links["all_reduce"]
-        return (hops * link.alpha_hop_s
-                + busbw_factor(op, world_size) * size_bytes / link.bus_bytes_per_s)
+            (rs, rs_link), (ag, ag_link) = (self._ring(o, size_bytes, world_size) for o in ("reduce_scatter", "all_gather"))
+            return rs + ag + max(rs_link.tail_s, ag_link.tail_s)  # one call: one tail
+        t, link = self._ring(op, size_bytes, world_size)
+        return t + link.tail_s
+
+    def runs_as(self, op: str) -> str:
+        """The collective the backend runs for ``op``: gloo's reduce-scatter is an all-reduce where no
+        reduce-scatter of its own was fitted (a fitted one measured exactly that)."""
+        if op == "reduce_scatter" and self.backend == "gloo" and op not in self.links:
+            return "all_reduce"
+        return op
+
+    def _link(self, op: str) -> Link | None:
+        """The link ``op`` is costed on: its own, else the all-gather's and reduce-scatter's for each
+        other, else the all-reduce's."""
+        return (self.links.get(op) or self.links.get("all_gather" if op == "reduce_scatter" else "reduce_scatter")
+                or self.links.get("all_reduce"))
+
+    def _ring(self, op: str, size_bytes: float, world_size: int) -> tuple[float, Link]:
+        """The ring time of ``op`` on its link (no tail), and that link."""
+        link = self._link(op)
+        return (ring_hops(op, world_size) * link.alpha_hop_s
+                + busbw_factor(op, world_size) * size_bytes / link.bus_bytes_per_s), link
 
     @property
     def measured_world_size(self) -> int:
@@ -135,8 +175,7 @@ class NetworkModel:
         """Why ``size_bytes`` of ``op`` is outside what the network measured, or None."""
         if world_size is not None and self.level(world_size) is not self:
             return self.level(world_size).size_flag(op, size_bytes)
-        link = self.links.get(op) or self.links.get("all_gather" if op == "reduce_scatter" else "reduce_scatter") \
-            or self.links.get("all_reduce")
+        link = self._link(self.runs_as(op))
         if link is None or not (link.min_size_bytes == link.min_size_bytes):
             return None
         if size_bytes < link.min_size_bytes:
@@ -154,10 +193,16 @@ class NetworkModel:
         if self.intra is not None:
             out += [f"groups of up to {self.gpus_per_node} ranks (one node): {a}" for a in self.intra.assumptions()]
         out += [f"{op}: {link.note}" for op, link in self.links.items()]
+        tails = {op: link.tail_s for op, link in self.links.items() if link.tail_s > 0}
+        if tails:
+            out.append("each collective at its mean time: the median curve plus the measured mean excess over the median ("
+                       + ", ".join(f"{op} {t * 1e6:.3g} us" for op, t in tails.items()) + "), once per call")
         for op in _MODELLED:
             if op in self.links:
                 continue
-            if op == "all_reduce":
+            if op == "reduce_scatter" and self.runs_as(op) == "all_reduce":
+                out.append("reduce_scatter: not fitted; gloo runs it as an all-reduce of the whole input: costed as one")
+            elif op == "all_reduce":
                 out.append("all_reduce: not fitted; costed as a reduce-scatter then an all-gather (the ring all-reduce)")
             else:
                 other = "all_gather" if op == "reduce_scatter" else "reduce_scatter"
@@ -165,8 +210,31 @@ class NetworkModel:
         return out
 
 
-def _links_from_fits(fits: pd.DataFrame, source: str, notes: list[str], *, rejected: bool = False) -> dict[str, Link]:
-    """One link per op from its good fits; with ``rejected``, from the best of its rejected ones."""
+def _tail_s(rows: pd.DataFrame, fit: pd.Series, by: list[str]) -> float:
+    """The mean over every raw sample of the fit's group, in-place and out-of-place alike (the
+    outliers are the machine's, not the buffer's), of its excess over its size's median (0 where
+    the rows keep no samples: nccl-tests' times are means already)."""
+    if "time_samples_s" not in rows or "size_bytes" not in rows:
+        return 0.0
+    same = rows
+    for key in by:
+        if key != "inplace" and key in rows and key in fit.index:
+            value = fit[key]
+            same = same[same[key].isna()] if value is None or value != value else same[same[key] == value]
+    excess = []
+    for samples in same["time_samples_s"]:
+        if samples is None or len(samples) < 3:
+            continue
+        s = np.asarray(samples, dtype=float)
+        s = s[np.isfinite(s)]
+        excess.append(s - np.median(s))
+    return float(np.concatenate(excess).mean()) if excess else 0.0
+
+
+def _links_from_fits(fits: pd.DataFrame, source: str, notes: list[str], *, rejected: bool = False,
+                     rows: pd.DataFrame | None = None, by: list[str] = ()) -> dict[str, Link]:
+    """One link per op from its good fits; with ``rejected``, from the best of its rejected ones;
+    each with its group's mean excess over the median where ``rows`` keep raw samples."""
     links: dict[str, Link] = {}
     for op, group in fits.groupby("op", sort=False):
         if op not in _MODELLED:
@@ -212,11 +280,15 @@ def _links_from_fits(fits: pd.DataFrame, source: str, notes: list[str], *, rejec
         if not bool(row["beta_resolved"]):
             how += "; B not resolved by the sizes measured: the fit's curve is used"
         how += poor
+        tail = max(_tail_s(rows, row, by), 0.0) if rows is not None else 0.0
+        if tail > 0:
+            how += f"; mean excess over the median {tail * 1e6:.3g} us a call"
         note = (f"α {a / ring_hops(op, p0) * 1e6:.3g} us a hop, bus {busbw_factor(op, p0) / c / 1e9:.3g} GB/s, "
                 f"fitted at {p0} ranks over {lo:.3g}-{hi:.3g} B" + how)
         links[str(op)] = Link(op=str(op), alpha_hop_s=a / ring_hops(op, p0), bus_bytes_per_s=busbw_factor(op, p0) / c,
                               world_size=p0, note=note, min_size_bytes=lo, max_size_bytes=hi,
-                              hosts=int(row["hosts"]) if "hosts" in row and row["hosts"] == row["hosts"] else 0)
+                              hosts=int(row["hosts"]) if "hosts" in row and row["hosts"] == row["hosts"] else 0,
+                              tail_s=tail)
     return links
 
 
@@ -231,9 +303,9 @@ def network_from_rows(rows: pd.DataFrame, source: str, notes: list[str] | None =
     notes = list(notes or [])
     by = [c for c in (*DEFAULT_BY, "hosts") if c in rows]
     fits = fit_alpha_beta(rows, by=by)
-    links = _links_from_fits(fits, source, notes)
+    links = _links_from_fits(fits, source, notes, rows=rows, by=by)
     if not links:  # no good fit at all: the best rejected ones, marked, rather than no prediction
-        links = _links_from_fits(fits, source, notes, rejected=True)
+        links = _links_from_fits(fits, source, notes, rejected=True, rows=rows, by=by)
     if not links:
         raise BadInputError(f"--network {source}: no all_reduce, all_gather or reduce_scatter with an α-β fit "
                             "at 2 or more ranks to model the network from")

@@ -22,7 +22,10 @@ before its backward (the next unit's gather issued as a unit starts: FSDP2's pre
 its gradients reduce-scattered after its backward, the optimizer updates 1/p of the parameters.
 Assumed: the blocks hold the non-embedding parameters evenly, the root the rest; forward and
 backward spend equal time per block; all-gathers and reduce-scatters each on a lane of their own
-(NCCL/RCCL streams), or one lane on gloo (a process group runs its collectives one at a time).
+(NCCL/RCCL streams), or one lane on gloo (a process group runs its collectives one at a time). FSDP2
+issues them with ``async_op=False`` (``FSDPParamGroup.unshard_async_op``, its prefetches too): on a
+device that only orders streams, but on a CPU step ``work.wait()`` blocks the issuing thread, so
+there each collective is waited for by the next compute and none overlaps it.
 
 **TP** (Megatron-LM, Shoeybi et al. 2019, §3: a block's attention and MLP each a column-parallel
 projection then a row-parallel one): the base's compute in forward and backward is divided by the
@@ -131,6 +134,8 @@ class _Editor:
     def __init__(self, g: StepGraph):
         self.g = copy.deepcopy(g)
         self.nodes = _compute_nodes(self.g)
+        self.on_host = not any(self.g.kind[i] == DEVICE for i in self.nodes)
+        """The step computed on its host (a CPU): no streams for a collective to overlap on."""
         self.keys = np.array([_time_key(self.g, i) for i in self.nodes])  # sorted: anchors across streams
         self.added: list[int] = []
         self.producer: dict[int, int] = {}
@@ -232,22 +237,32 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
     # reduce-scatters on one group: one lane. NCCL/RCCL run them on streams of their own.
     serial = net.backend == "gloo"
     ag_lane, rs_lane = ("zero3 collectives",) * 2 if serial else ("zero3 all_gather", "zero3 reduce_scatter")
+    # FSDP2 unshards (its prefetches too) and reduce-scatters with async_op=False
+    # (FSDPParamGroup.unshard_async_op): on a device that only orders streams; on a CPU step,
+    # work.wait() blocks the thread that issued it, so the next compute waits for each collective.
+    blocking = e.on_host
     fwd = [f0 + (b0 - f0) * k / n for k in range(n + 1)]
     bwd = [b0 + (b1 - b0) * k / n for k in range(n + 1)]
     for k, params in enumerate(units):  # forward: unit k's gather issued as unit k-1 starts
         issue = fwd[max(k - 1, 0)]
         ag = e.collective(op="all_gather", lane=ag_lane, size_bytes=params * facts.param_bytes,
                           world_size=p, network=net, after=e.before(issue) if k else None, at_us=issue)
-        e.wait(e.after(fwd[k]), ag)
+        e.wait(e.after(issue if blocking else fwd[k]), ag)
+    # Backward, in the order issued (one lane runs them so): unit j's gather as unit j-1's backward
+    # starts (the root's parameters stay gathered after forward), its reduce-scatter as its own
+    # backward ends, before the next unit's prefetch issued then.
+    backward = [(bwd[j + 1], 0, "reduce_scatter", params * facts.grad_bytes, bwd[j + 1])
+                for j, params in enumerate(reversed(units))]
+    backward += [(bwd[max(j - 1, 0)], 1, "all_gather", params * facts.param_bytes, bwd[j])
+                 for j, params in enumerate(reversed(units)) if not (n > blocks and j == n - 1)]
     last = None
-    for j, params in enumerate(reversed(units)):  # backward: the root's parameters stay gathered
-        if not (n > blocks and j == n - 1):  # the root is not resharded after forward
-            issue = bwd[max(j - 1, 0)]
-            ag = e.collective(op="all_gather", lane=ag_lane, size_bytes=params * facts.param_bytes,
-                              world_size=p, network=net, after=e.before(issue), at_us=issue)
-            e.wait(e.after(bwd[j]), ag)
-        last = e.collective(op="reduce_scatter", lane=rs_lane, size_bytes=params * facts.grad_bytes,
-                            world_size=p, network=net, after=e.before(bwd[j + 1]), at_us=bwd[j + 1])
+    for issue, _, op, size, needed in sorted(backward, key=lambda t: t[:2]):
+        c = e.collective(op=op, lane=ag_lane if op == "all_gather" else rs_lane, size_bytes=size, world_size=p,
+                         network=net, after=e.before(issue), at_us=issue)
+        if op == "reduce_scatter":
+            last = c
+        if op == "all_gather" or blocking:
+            e.wait(e.after(issue if blocking else needed), c)
     start = opt[0] if opt else b1
     e.wait(e.after(start), last)
     if opt:
@@ -256,7 +271,9 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
             + (f", the root {units[0] / 1e6:.3g} M" if n > blocks else "") + "), forward and backward split evenly among them; "
             f"{facts.param_bytes}-byte gathers, {facts.grad_bytes}-byte reduce-scatters, prefetch of one unit"
             + ("; gloo: gathers and reduce-scatters one at a time on the group's thread" if serial else
-               "; gathers and reduce-scatters on streams of their own"),
+               "; gathers and reduce-scatters on streams of their own")
+            + ("; a CPU step: each collective blocks the thread that issued it (FSDP2's async_op=False), none "
+               "overlaps compute" if blocking else ""),
             "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard)"]
 
 

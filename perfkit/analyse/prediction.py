@@ -242,6 +242,9 @@ def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes,
                              f"{out['measured_comm_ms'] / out['comm_ms']:.1f}x what the network costs them "
                              f"({out['comm_ms']:.2f} ms): the standalone measurement misses their cost inside the step "
                              "(a collective waiting for the slower rank, its threads sharing the ranks' cores, copies)")
+            share = _thread_share_note(base.row, _at_point(rows, base.row, layout, p, per_rank), layout, p)
+            if share and share not in notes:
+                notes.append(share)
             if not measured:
                 ws = sorted({int(w) for w in rows.get("world_size", pd.Series(dtype=float)).dropna()})
                 near = min(ws, key=lambda w: abs(w - p)) if ws else None
@@ -254,6 +257,21 @@ def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes,
                      f"step {profiled_s * 1e3:.2f} ms (the median of {len(gs)})" + (f", unprofiled {float(measured_base) * 1e3:.2f} ms"
                                                          if isinstance(measured_base, float) and measured_base == measured_base else ""))
     return replays, predictions
+
+
+def _thread_share_note(base: dict, target: pd.DataFrame, layout: str, p: int) -> str | None:
+    """Where a CPU base computed with more or fewer threads than each rank of the measured target
+    (``cpu_threads`` sums a run's ranks): weak scaling keeps a rank's compute as the base's, so the
+    comparison holds only when the base had one rank's share of the cores."""
+    if str(base.get("device", "")) != "cpu" or "cpu_threads" not in target or target.empty:
+        return None
+    mine = base.get("cpu_threads")
+    theirs = pd.to_numeric(target["cpu_threads"], errors="coerce").dropna() / p
+    if mine is None or mine != mine or theirs.empty or float(theirs.median()) == float(mine):
+        return None
+    return (f"{layout} at {p} ranks: the base computed with {mine:g} CPU threads, each measured rank with "
+            f"{float(theirs.median()):g}: its compute is not a rank's (weak scaling keeps it), so the check is not like "
+            f"with like; run the base on one rank's share of the cores (e.g. taskset -c 0 perfkit sweep ...)")
 
 
 def _measured_comm_ms(graphs_of_runs: list[list]) -> float | None:
