@@ -10,6 +10,7 @@ from perfkit.analyse import pipeline_bubble as pb
 from perfkit.core.env import fingerprint, flat_columns
 from perfkit.core.results import write_rows
 from perfkit.view.report_page import write_report
+from perfkit.view.plots._common import Legend
 
 MIB = 10**6  # display_scale is SI: the plot shows MB
 
@@ -58,7 +59,7 @@ def test_pipeline_rows_are_a_line_per_schedule_and_microbatch_count():
 
     layout = parallelism_section(None, parallel_train_rows(with_pp=True))
     throughput = next(p for p in layout if "throughput" in p.opts.get().kwargs.get("title", "").lower())
-    labels = sorted({c.label for c in throughput if isinstance(c, hv.Curve)})
+    labels = sorted({Legend.shown(throughput, c) for c in throughput if isinstance(c, hv.Curve)})
     assert labels == ["fp32 ddp×2", "fp32 pp 1F1B m=2×2", "fp32 pp 1F1B m=8×2", "fp32 zero1×2"]
 
 

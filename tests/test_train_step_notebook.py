@@ -15,6 +15,7 @@ import torch
 import perfkit
 from conftest import NOTEBOOKS, REPO
 from perfkit.run.notebooks import read_notebook
+from perfkit.view.plots._common import Legend
 from perfkit.view.plots.training import (
     activations_vs_batch,
     memory_vs_batch,
@@ -124,12 +125,13 @@ def test_a_model_size_that_varies_is_its_own_line():
     rows = base[(base["status"] == "ok") & (base["precision"] == "fp32") & (base["parallelism"] == "ddp")]
     sized = pd.concat([rows.assign(model_size='{"n_layers": 4}'),
                        rows.assign(model_size='{"n_layers": 4, "d_model": 256}', samples_per_s=50.0)])
-    points = [e for e in throughput_vs_batch(sized) if isinstance(e, hv.Scatter)]
+    overlay = throughput_vs_batch(sized)
+    points = [e for e in overlay if isinstance(e, hv.Scatter)]
     # Only what varies names a line (issue 55), the size left at its default said so.
-    assert sorted(p.label for p in points) == ["fp32 d_model=256", "fp32 d_model=default"]
+    assert sorted(Legend.shown(overlay, p) for p in points) == ["fp32 d_model=256", "fp32 d_model=default"]
     assert [len(p.data) for p in points] == [3, 3]
     same = throughput_vs_batch(rows.assign(model_size=None))  # one size (the default): no size in the label
-    assert [p.label for p in same if isinstance(p, hv.Scatter)] == ["fp32"]
+    assert [Legend.shown(same, p) for p in same if isinstance(p, hv.Scatter)] == ["fp32"]
 
 
 def test_throughput_plot_has_a_line_per_precision_and_parallelism_and_marks_the_oom():
@@ -137,8 +139,8 @@ def test_throughput_plot_has_a_line_per_precision_and_parallelism_and_marks_the_
     overlay = throughput_vs_batch(_synthetic())
     scatters = [e for e in overlay if isinstance(e, hv.Scatter)]
     points = [s for s in scatters if s.label != "out of memory"]
-    assert sorted(s.label for s in points) == ["bf16 ddp×2", "bf16 none×1", "fp32 ddp×2",
-                                               "fp32 none×1"]
+    assert sorted(Legend.shown(overlay, s) for s in points) == ["bf16 ddp×2", "bf16 none×1", "fp32 ddp×2",
+                                                                "fp32 none×1"]
     assert sum(len(s.data) for s in points) == 12  # the oom, skipped and gemm rows: not drawn
     assert all(s.data["noisy"].dtype == bool for s in points)
     (oom,) = [s for s in scatters if s.label == "out of memory"]
@@ -146,14 +148,19 @@ def test_throughput_plot_has_a_line_per_precision_and_parallelism_and_marks_the_
     # Drawn at the height of its series' best throughput (fp32 none: 1600 samples/s → 1.6 k).
     assert oom.data["series"].iloc[0] == "fp32 none×1"
     assert oom.data["throughput"].iloc[0] == pytest.approx(1.6)
-    assert "ksamples/s" in hv.render(overlay, backend="bokeh").yaxis[0].axis_label
+    fig = hv.render(overlay, backend="bokeh")
+    assert "ksamples/s" in fig.yaxis[0].axis_label
+    # The legend a reader sees names each series (elements carry short labels: Legend), a line
+    # and its points under one entry that hides both.
+    items = {item.label.value: len(item.renderers) for item in fig.legend[0].items}
+    assert items == {"bf16 ddp×2": 2, "bf16 none×1": 2, "fp32 ddp×2": 2, "fp32 none×1": 2, "out of memory": 1}
 
 
 def test_mfu_plot_shows_counted_utilisation_beside_and_says_why_when_unknown():
     hv = _hv()
     df = _synthetic()
     overlay = mfu_vs_batch(df)
-    labels = {e.label for e in overlay}
+    labels = {Legend.shown(overlay, e) for e in overlay}
     assert labels == {"fp32 ddp×2 MFU", "fp32 none×1 MFU", "fp32 ddp×2 counted",
                       "fp32 none×1 counted"}  # bf16 has no known peak on this CPU
     hv.render(overlay, backend="bokeh")
@@ -166,7 +173,7 @@ def test_mfu_plot_shows_counted_utilisation_beside_and_says_why_when_unknown():
 def test_activation_plot_draws_measured_where_measured_beside_every_prediction():
     hv = _hv()
     overlay = activations_vs_batch(_synthetic())
-    curves = {e.label: e for e in overlay if isinstance(e, hv.Curve)}
+    curves = {Legend.shown(overlay, e): e for e in overlay if isinstance(e, hv.Curve)}
     assert set(curves) == {f"{p} {s}×{w} predicted" for p in ("fp32", "bf16") for s, w in (("none", 1), ("ddp", 2))} \
         | {"fp32 none×1 measured", "fp32 ddp×2 measured", "bf16 none×1 measured"}
     measured = curves["fp32 none×1 measured"].dframe()

@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows
+from ._common import LEGEND_BESIDE, Legend, display_scale, hv_bokeh, ok_rows
 from .roofline import roofline_static
 
 __all__ = ["latency_plot", "ttft_vs_prompt", "tpot_vs_batch", "throughput_vs_latency",
@@ -91,19 +91,19 @@ def latency_plot(df: pd.DataFrame, metric: str = "ttft", x: str = "prompt_len"):
     name = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e_latency": "end-to-end latency"}[metric]
     hover = [("series", "@{series}"), (x, f"@{{{x}}}"), (name, f"@{{{metric}}}{{0.000}} {prefix}s"),
              ("noisy", "@{noisy}")]
-    parts = []
+    parts, legend = [], Legend()
     for series, g in rows.groupby("series", sort=True):
         data = g[[x, metric, "series", "noisy", "zero", "upper"]]
-        parts.append(hv.Curve(data, x, [metric, "series"], label=series))
+        parts.append(hv.Curve(data, x, [metric, "series"], label=legend.label(series)))
         parts.append(hv.ErrorBars(data, x, [metric, "zero", "upper"]).opts(line_alpha=0.6))
-        parts.append(hv.Scatter(data, x, [metric, "series", "noisy"], label=series).opts(
+        parts.append(hv.Scatter(data, x, [metric, "series", "noisy"], label=legend.label(series)).opts(
             size=8, tools=["hover"], hover_tooltips=hover,
             fill_alpha=hv.dim("noisy").categorize({True: 0.0, False: 1.0}, default=1.0)))
     logx = bool(rows[x].max() > 4 * rows[x].min() > 0)
     return hv.Overlay(parts).opts(
         title=f"{name} vs {x.replace('_', ' ')} (median, whisker to p90; hollow: noisy)",
         xlabel=x.replace("_", " "), ylabel=f"{name} ({prefix}s)", logx=logx, width=700, height=380,
-        show_grid=True, **LEGEND_BESIDE)
+        legend_labels=legend.names, show_grid=True, **LEGEND_BESIDE)
 
 
 def ttft_vs_prompt(df: pd.DataFrame):
@@ -130,15 +130,16 @@ def throughput_vs_latency(df: pd.DataFrame):
     rows = rows.assign(series=_labels(rows, ("batch_size",)), latency=rows["tpot_s"] / scale)
     hover = [("series", "@{series}"), ("batch", "@{batch_size}"), ("TPOT", f"@{{latency}}{{0.000}} {prefix}s"),
              ("output", "@{output_tokens_per_s}{0.0} tokens/s")]
-    parts = []
+    parts, legend = [], Legend()
     for series, g in rows.groupby("series", sort=True):
         data = g[["latency", "output_tokens_per_s", "batch_size", "series"]]
-        parts.append(hv.Curve(data, "latency", ["output_tokens_per_s", "batch_size", "series"], label=series))
+        parts.append(hv.Curve(data, "latency", ["output_tokens_per_s", "batch_size", "series"], label=legend.label(series)))
         parts.append(hv.Scatter(data, "latency", ["output_tokens_per_s", "batch_size", "series"],
-                                label=series).opts(size=8, tools=["hover"], hover_tooltips=hover))
+                                label=legend.label(series)).opts(size=8, tools=["hover"], hover_tooltips=hover))
     return hv.Overlay(parts).opts(
         title="Throughput vs latency (one point per batch size)", xlabel=f"TPOT ({prefix}s)",
-        ylabel="output tokens/s", width=700, height=380, show_grid=True, **LEGEND_BESIDE)
+        ylabel="output tokens/s", width=700, height=380, legend_labels=legend.names, show_grid=True,
+        **LEGEND_BESIDE)
 
 
 def roofline_points(df: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, hv_bokeh, ok_rows, whole, width_with_legend
+from ._common import LEGEND_BESIDE, Legend, display_scale, hv_bokeh, ok_rows, whole
 
 __all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
@@ -108,13 +108,13 @@ def _empty(what: str):
     return hv_bokeh().Div(f"<p>No training-step rows with status ok and {what}.</p>")
 
 
-def _lines(rows: pd.DataFrame, y: str, vdims: list[str], hover: list, *, dash: str = "solid",
+def _lines(rows: pd.DataFrame, y: str, vdims: list[str], hover: list, legend: Legend, *, dash: str = "solid",
            suffix: str = "") -> list:
     hv = hv_bokeh()
     elements = []
     for series, group in rows.groupby("series", sort=True):
         data = group[["batch_size", y] + [v for v in vdims if v != y]]
-        label = f"{series}{suffix}"
+        label = legend.label(f"{series}{suffix}")
         elements.append(hv.Curve(data, "batch_size", [y] + vdims, label=label).opts(line_dash=dash))
         elements.append(hv.Scatter(data, "batch_size", [y] + vdims, label=label).opts(
             tools=["hover"], hover_tooltips=hover, size=8,
@@ -138,7 +138,8 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
              ("median step", "@{step_time_s}{0.000000} s"), ("IQR", "@{step_time_iqr_s}{0.000000} s"),
              ("noisy", "@{noisy}")]
     vdims = ["series", "step_time_s", "step_time_iqr_s", "noisy"]
-    elements = _lines(rows, "throughput", vdims, hover)
+    legend = Legend()
+    elements = _lines(rows, "throughput", vdims, hover, legend)
     oom = _labelled(df)
     oom = oom[oom["status"] == "oom"].copy() if "status" in oom else oom.iloc[0:0]
     if not oom.empty:
@@ -154,7 +155,7 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
-                        width=width_with_legend(elements), height=400, **LEGEND_BESIDE,
+                        **legend.opts(["out of memory"]), height=400, **LEGEND_BESIDE,
                         show_grid=True, padding=0.08))  # every point inside the frame
 
 
@@ -170,11 +171,12 @@ def memory_vs_batch(df: pd.DataFrame):
     rows["peak_mem_kind"] = rows["peak_mem_kind"].astype(str) if "peak_mem_kind" in rows else "?"
     hover = [("series", "@{series}"), ("batch size", "@{batch_size}"),
              ("peak memory", f"@{{memory}}{{0.00}} {prefix}B"), ("measured as", "@{peak_mem_kind}")]
-    elements = _lines(rows, "memory", ["series", "peak_mem_kind", "noisy"], hover)
+    legend = Legend()
+    elements = _lines(rows, "memory", ["series", "peak_mem_kind", "noisy"], hover, legend)
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
                         ylabel=f"peak memory ({prefix}B)", logx=True,
-                        width=width_with_legend(elements), height=360,
+                        **legend.opts(), height=360,
                         **LEGEND_BESIDE, show_grid=True, padding=0.08))
 
 
@@ -191,19 +193,20 @@ def activations_vs_batch(df: pd.DataFrame):
     scale, prefix = display_scale(rows["activation_bytes_predicted"].tolist() + measured.dropna().tolist())
     rows["predicted"], rows["measured"] = rows["activation_bytes_predicted"] / scale, measured / scale
     hover = [("series", "@{series}"), ("batch size", "@{batch_size}")]
+    legend = Legend()
     elements = _lines(rows, "predicted", ["series", "noisy"],
-                      hover + [("predicted", f"@{{predicted}}{{0.00}} {prefix}B")], dash="dashed",
+                      hover + [("predicted", f"@{{predicted}}{{0.00}} {prefix}B")], legend, dash="dashed",
                       suffix=" predicted")
     held = rows[rows["measured"].notna()]
     if not held.empty:
         elements += _lines(held, "measured", ["series", "noisy"],
-                           hover + [("measured", f"@{{measured}}{{0.00}} {prefix}B")], suffix=" measured")
+                           hover + [("measured", f"@{{measured}}{{0.00}} {prefix}B")], legend, suffix=" measured")
     ylabel = f"saved activations ({prefix}B)"
     return hv.Overlay(elements).opts(
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
                               "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
-                        logx=True, width=width_with_legend(elements), height=360, **LEGEND_BESIDE,
+                        logx=True, **legend.opts(), height=360, **LEGEND_BESIDE,
                         show_grid=True, padding=0.08))  # every point inside the frame
 
 
@@ -226,19 +229,20 @@ def mfu_vs_batch(df: pd.DataFrame):
     vdims = ["series", "mfu_convention", "noisy"]
     hover = [("series", "@{series}"), ("batch size", "@{batch_size}"), ("MFU", "@{mfu_pct}{0.000} %"),
              ("convention", "@{mfu_convention}")]
-    elements = _lines(known, "mfu_pct", vdims, hover, suffix=" MFU")
+    legend = Legend()
+    elements = _lines(known, "mfu_pct", vdims, hover, legend, suffix=" MFU")
     with_count = known[known["counted_pct"].notna()]
     if not with_count.empty:
         chover = [("series", "@{series}"), ("batch size", "@{batch_size}"),
                   ("counted-FLOP utilisation", "@{counted_pct}{0.000} %")]
-        elements += _lines(with_count, "counted_pct", vdims, chover, dash="dashed",
+        elements += _lines(with_count, "counted_pct", vdims, chover, legend, dash="dashed",
                            suffix=" counted")
     ylabel = "% of peak" if with_count.empty else "% of peak (solid MFU, dashed counted FLOP)"
     return hv.Overlay(elements).opts(
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="MFU (analytic model FLOP) and counted-FLOP utilisation",
                         xlabel="global batch size", ylabel=ylabel, logx=True,
-                        width=width_with_legend(elements),
+                        **legend.opts(),
                         height=360, **LEGEND_BESIDE, show_grid=True, padding=0.08))
 
 
