@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -85,12 +86,52 @@ def _once(out: Path) -> dict[tuple[str, str], float]:
     return errors
 
 
+def _rate(cpu: int, kind: str, out) -> None:
+    """Iterations a second of one thread on ``cpu``: a 256² matmul (cache-resident compute) or a
+    16 MB in-place multiply (memory-bound)."""
+    import torch
+
+    os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+    a, b, x = torch.randn(256, 256), torch.randn(256, 256), torch.randn(4_000_000)
+    step = (lambda: a @ b) if kind == "matmul" else (lambda: x.mul_(1.0000001))
+    for _ in range(20):
+        step()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 2.0:
+        step()
+        n += 1
+    out.put(n / (time.perf_counter() - t0))
+
+
+def _sharing() -> None:
+    """How much slower two processes on two cores each compute than one alone: what a one-rank
+    base cannot show about ranks that share a CPU (its memory bandwidth and last-level cache)."""
+    import multiprocessing as mp
+
+    ctx, cpus = mp.get_context("fork"), sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        return
+    for kind in ("matmul", "memory"):
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_rate, args=(cpus[0], kind, out))]
+        procs[0].start(), procs[0].join()
+        alone = out.get()
+        procs = [ctx.Process(target=_rate, args=(c, kind, out)) for c in cpus]
+        [p.start() for p in procs]
+        [p.join() for p in procs]
+        together = [out.get() for _ in procs]
+        print(f"  {kind:<7} two processes at once: the slower took {alone / min(together):.2f}x as long as one alone")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="where the sweeps go (default: a temporary folder)")
     parser.add_argument("--reps", type=int, default=1, help="repeat the whole measurement this many times")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="perfkit-predict-check-"))
+    print("sharing the CPU (a one-rank base computes alone; two ranks compute at once):")
+    _sharing()
     runs = [_once(out / f"rep{k}" if args.reps > 1 else out) for k in range(1, args.reps + 1)]
     if args.reps > 1:
         print(f"over {args.reps} repetitions (goal: within ±15 %):")
