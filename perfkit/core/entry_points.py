@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
 
 from perfkit.core.errors import BadInputError
 
-__all__ = ["load_entry_point"]
+__all__ = ["load_entry_point", "split_entry_point"]
+
+_ENTRY_POINT = re.compile(r"^([A-Za-z_][\w.]*):([A-Za-z_]\w*)$")
+
+
+def split_entry_point(target: str) -> tuple[str, str] | None:
+    """``("package.module", "function")`` of ``package.module:function``; None for anything else."""
+    m = _ENTRY_POINT.match(target) if isinstance(target, str) else None
+    return (m.group(1), m.group(2)) if m else None
 
 
 def _import_module(module: str, model_path: str | None, what: str):
@@ -32,9 +41,10 @@ def _import_module(module: str, model_path: str | None, what: str):
 
 def load_entry_point(target: str, model_path: str | None = None) -> Callable:
     """The function ``package.module:function`` names, imported (``model_path`` first on sys.path)."""
-    module, sep, function = target.partition(":")
-    if not sep or not module or not function:
+    parts = split_entry_point(target)
+    if parts is None:
         raise BadInputError(f"entry point {target!r}: write it as 'package.module:function'")
+    module, function = parts
     found = _import_module(module, model_path, f"entry point {target!r}")
     fn = getattr(found, function, None)
     if not callable(fn):

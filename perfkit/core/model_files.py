@@ -18,14 +18,12 @@ instead of keeping the row of the old code.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["ENTRY_POINT", "hf_local_config", "entry_point_sources", "named_file_digests"]
+from perfkit.core.entry_points import split_entry_point
 
-ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-"""``package.module:function``."""
+__all__ = ["hf_local_config", "entry_point_sources", "named_file_digests"]
 _MAX_PACKAGE_FILES = 2000
 
 
@@ -44,9 +42,10 @@ def hf_local_config(target: str, base: Path | None = None) -> Path | None:
 def entry_point_sources(target: str, folders: Iterable[Path]) -> list[Path]:
     """The source files of ``target``'s module where it lies in one of ``folders`` (the first that
     has it, as ``sys.path`` would find it): its own file, or every ``.py`` of its top-level package."""
-    if not ENTRY_POINT.match(target):
+    named = split_entry_point(target)
+    if named is None:
         return []
-    parts = target.partition(":")[0].split(".")
+    parts = named[0].split(".")
     for folder in folders:
         top = folder / parts[0]
         if top.is_dir() and (top / "__init__.py").is_file():
