@@ -112,11 +112,13 @@ class NetworkModel:
         return self
 
     def time_s(self, op: str, size_bytes: float, world_size: int) -> float:
-        """The ring cost of ``op`` over ``size_bytes`` among ``world_size`` ranks (0 for one rank).
+        """The mean time of ``op`` over ``size_bytes`` among ``world_size`` ranks (0 for one rank): its
+        ring cost plus its link's mean excess over the median (:attr:`Link.tail_s`), once.
 
-        An op not measured is costed from those that were: an all-reduce as a reduce-scatter then
-        an all-gather (the ring all-reduce is exactly that, Thakur et al. §4.4), an all-gather or a
-        reduce-scatter on the other's links, else on the all-reduce's."""
+        An op not measured is costed from those that were (a gloo reduce-scatter first as the
+        all-reduce gloo runs, :meth:`runs_as`): an all-reduce as a reduce-scatter then an all-gather
+        (the ring all-reduce is exactly that, Thakur et al. §4.4), an all-gather or a reduce-scatter
+        on the other's links, else on the all-reduce's."""
         if self.level(world_size) is not self:
             return self.level(world_size).time_s(op, size_bytes, world_size)
         ring_hops(op, world_size)  # refuses an op without a ring model
@@ -223,7 +225,7 @@ def _tail_s(rows: pd.DataFrame, fit: pd.Series, by: list[str]) -> float:
             same = same[same[key].isna()] if value is None or value != value else same[same[key] == value]
     excess = []
     for samples in same["time_samples_s"]:
-        if samples is None or len(samples) < 3:
+        if not hasattr(samples, "__len__") or len(samples) < 3:  # None or NaN: a row without samples
             continue
         s = np.asarray(samples, dtype=float)
         s = s[np.isfinite(s)]
@@ -281,8 +283,6 @@ def _links_from_fits(fits: pd.DataFrame, source: str, notes: list[str], *, rejec
             how += "; B not resolved by the sizes measured: the fit's curve is used"
         how += poor
         tail = max(_tail_s(rows, row, by), 0.0) if rows is not None else 0.0
-        if tail > 0:
-            how += f"; mean excess over the median {tail * 1e6:.3g} us a call"
         note = (f"α {a / ring_hops(op, p0) * 1e6:.3g} us a hop, bus {busbw_factor(op, p0) / c / 1e9:.3g} GB/s, "
                 f"fitted at {p0} ranks over {lo:.3g}-{hi:.3g} B" + how)
         links[str(op)] = Link(op=str(op), alpha_hop_s=a / ring_hops(op, p0), bus_bytes_per_s=busbw_factor(op, p0) / c,

@@ -237,10 +237,7 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
     # reduce-scatters on one group: one lane. NCCL/RCCL run them on streams of their own.
     serial = net.backend == "gloo"
     ag_lane, rs_lane = ("zero3 collectives",) * 2 if serial else ("zero3 all_gather", "zero3 reduce_scatter")
-    # FSDP2 unshards (its prefetches too) and reduce-scatters with async_op=False
-    # (FSDPParamGroup.unshard_async_op): on a device that only orders streams; on a CPU step,
-    # work.wait() blocks the thread that issued it, so the next compute waits for each collective.
-    blocking = e.on_host
+    blocking = e.on_host  # FSDP2's async_op=False collectives block a CPU step's thread (module docstring)
     fwd = [f0 + (b0 - f0) * k / n for k in range(n + 1)]
     bwd = [b0 + (b1 - b0) * k / n for k in range(n + 1)]
     for k, params in enumerate(units):  # forward: unit k's gather issued as unit k-1 starts
