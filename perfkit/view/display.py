@@ -51,6 +51,13 @@ def hv_bokeh():
 
     Loads the extension at most once per mode: a notebook that called ``hv.extension("bokeh")``
     itself (CDN resources) still gets inline resources the first time a perfkit plot is built.
+
+    Plots draw on a plain canvas, not WebGL (holoviews' default since 1.18): perfkit's plots hold
+    tens to thousands of points, where WebGL gains nothing, and BokehJS then draws every glyph into
+    one WebGL canvas and copies it into each plot's (``blit_webgl``). Without a GPU (a remote
+    desktop, a headless browser, a VM: software GL) that copy was 2.1 of the 5.1 s the quickstart
+    report's page took to draw in headless Chromium (a CDP profile); on canvas the page draws in
+    2.2 s, and the page no longer carries BokehJS's WebGL bundle.
     """
     _no_param_docstrings_when_executed()
     import holoviews as hv
@@ -64,6 +71,7 @@ def hv_bokeh():
         # (loading.css, theme CSS) for inline copies; hv.extension's own `inline` covers the JS.
         pn.config.inline = mode == "inline"
         hv.extension("bokeh", logo=False, inline=(mode == "inline"))
+        hv.renderer("bokeh").webgl = False  # see the docstring
         _register_inline_css_hook()
         _loaded = mode
         _say_how_to_trust()
