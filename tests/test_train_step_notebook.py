@@ -170,6 +170,18 @@ def test_mfu_plot_shows_counted_utilisation_beside_and_says_why_when_unknown():
     assert "MB" in hv.render(memory, backend="bokeh").yaxis[0].axis_label
 
 
+def test_a_plot_of_many_series_keeps_its_legend():
+    """holoviews drops an overlay's legend past 25 glyphs (``legend_limit``): the quickstart's MFU
+    and saved-activation plots (28 and 30) showed their lines with no names at all."""
+    hv = _hv()
+    base = _synthetic()
+    rows = base[(base["status"] == "ok") & (base["precision"] == "fp32")]
+    many = pd.concat([rows.assign(model_size=json.dumps({"n_layers": k})) for k in range(1, 8)])
+    for plot, entries in ((mfu_vs_batch, 28), (activations_vs_batch, 28)):
+        fig = hv.render(plot(many), backend="bokeh")
+        assert len(fig.renderers) > 25 and fig.legend and len(fig.legend[0].items) == entries, plot.__name__
+
+
 def test_activation_plot_draws_measured_where_measured_beside_every_prediction():
     hv = _hv()
     overlay = activations_vs_batch(_synthetic())

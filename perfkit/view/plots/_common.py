@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..display import hv_bokeh  # one place decides inline (offline) or CDN resources
 
-__all__ = ["hv_bokeh", "ceiling_lines", "roof_labels", "LABEL_GAP", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE",
+__all__ = ["hv_bokeh", "ceiling_lines", "roof_labels", "LABEL_GAP", "format_si", "ok_rows", "display_scale", "display_text", "LEGEND_BESIDE", "OVERLAY_LEGEND",
            "Legend", "width_with_legend", "whole", "mapping_label"]
 
 _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
@@ -16,6 +16,10 @@ _ORIGIN_DASH = {"measured": "solid", "spec": "dashed", "theoretical": "dotted"}
 #: A legend beside the plot, never over its data (holoviews' bokeh backend draws ``top_right``
 #: and the like inside the frame, ``right`` outside it); a click on an entry hides its series.
 LEGEND_BESIDE = {"legend_position": "right", "legend_opts": {"click_policy": "hide"}}
+#: The same for an overlay, whose legend holoviews drops past ``legend_limit`` (25) glyphs: kept
+#: however many series it draws (the quickstart's MFU and saved-activation plots, 28 and 30
+#: glyphs, showed no names at all).
+OVERLAY_LEGEND = {**LEGEND_BESIDE, "legend_limit": 100_000}
 
 
 class Legend:
@@ -46,10 +50,14 @@ class Legend:
         names = overlay.opts.get("plot").kwargs.get("legend_labels") or {}
         return names.get(element.label, element.label)
 
-    def opts(self, extra=()) -> dict:
-        """The overlay options that show the names: ``legend_labels`` and a width that fits them
-        (beside ``extra`` entries labelled as they are)."""
-        return {"legend_labels": dict(self.names), "width": width_with_legend([*self.names.values(), *extra])}
+    def opts(self, extra=(), *, width: bool = True) -> dict:
+        """The overlay options that show the names: ``legend_labels``, and a width that fits them
+        (beside ``extra`` entries labelled as they are) unless ``width`` is False. With
+        :data:`OVERLAY_LEGEND`, which keeps the legend however many glyphs there are."""
+        out = {"legend_labels": dict(self.names)}
+        if width:
+            out["width"] = width_with_legend([*self.names.values(), *extra])
+        return out
 
 
 def width_with_legend(entries, plot_width_px: int = 760) -> int:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, display_scale, format_si, hv_bokeh, mapping_label, ok_rows, whole, width_with_legend
+from ._common import LEGEND_BESIDE, OVERLAY_LEGEND, display_scale, format_si, hv_bokeh, mapping_label, ok_rows, whole, width_with_legend
 
 __all__ = ["busbw_vs_size", "knob_comparison", "knobs_label", "fit_summary"]
 
@@ -270,7 +270,7 @@ def busbw_vs_size(rows: pd.DataFrame, fits: pd.DataFrame | None = None):
         hv.opts.Overlay(title=_busbw_title(drew_medians, drew_model),
                         xlabel="message size S (bytes)", ylabel=f"busbw ({unit})", logx=True,
                         logy=True, ylim=(min(ys) / 2, max(ys) * 2), width=width_with_legend(names, 680), height=480,
-                        **LEGEND_BESIDE, show_grid=True),
+                        **OVERLAY_LEGEND, show_grid=True),
     )
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from perfkit.analyse import dataloading as analysis
 
-from ._common import whole, LEGEND_BESIDE, display_text, hv_bokeh, ok_rows, width_with_legend
+from ._common import whole, LEGEND_BESIDE, OVERLAY_LEGEND, display_text, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["throughput_vs_workers", "step_breakdown", "stall_bars", "recommendation_table",
            "dataloading_summary", "dataloading_section"]
@@ -104,7 +104,7 @@ def throughput_vs_workers(df: pd.DataFrame, metric: str = "step_samples_per_s", 
         hv.opts.Overlay(title=f"Data loading: {what} vs workers (hollow: noisy; ★ recommended)",
                         xlabel="num_workers", ylabel="samples/s", width=width_with_legend(elements), height=400,
                         xticks=sorted({int(w) for w in rows["num_workers"]}), xlim=_worker_lim(rows),
-                        **LEGEND_BESIDE, show_grid=True))
+                        **OVERLAY_LEGEND, show_grid=True))
 
 
 def _worker_lim(rows: pd.DataFrame) -> tuple[float, float]:

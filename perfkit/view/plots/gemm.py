@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, ceiling_lines, display_scale, hv_bokeh, ok_rows, width_with_legend
+from ._common import OVERLAY_LEGEND, ceiling_lines, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["gemm_throughput"]
 
@@ -45,6 +45,6 @@ def gemm_throughput(df: pd.DataFrame, ceilings: pd.DataFrame | None = None):
         hv.opts.Curve(logx=True, logy=True),
         hv.opts.Overlay(title="GEMM throughput (hollow: noisy, IQR/median > 0.1)",
                         xlabel="matrix size M=N=K", ylabel=f"achieved {unit}", logx=True, logy=True,
-                        xlim=xlim, ylim=ylim, width=width_with_legend(overlay), height=440, **LEGEND_BESIDE,
+                        xlim=xlim, ylim=ylim, width=width_with_legend(overlay), height=440, **OVERLAY_LEGEND,
                         show_grid=True),
     )

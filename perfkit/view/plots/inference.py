@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, Legend, display_scale, hv_bokeh, ok_rows
+from ._common import OVERLAY_LEGEND, Legend, display_scale, hv_bokeh, ok_rows
 from .roofline import roofline_static
 
 __all__ = ["latency_plot", "ttft_vs_prompt", "tpot_vs_batch", "throughput_vs_latency",
@@ -103,7 +103,7 @@ def latency_plot(df: pd.DataFrame, metric: str = "ttft", x: str = "prompt_len"):
     return hv.Overlay(parts).opts(
         title=f"{name} vs {x.replace('_', ' ')} (median, whisker to p90; hollow: noisy)",
         xlabel=x.replace("_", " "), ylabel=f"{name} ({prefix}s)", logx=logx, width=700, height=380,
-        legend_labels=legend.names, show_grid=True, **LEGEND_BESIDE)
+        **legend.opts(width=False), show_grid=True, **OVERLAY_LEGEND)
 
 
 def ttft_vs_prompt(df: pd.DataFrame):
@@ -138,8 +138,8 @@ def throughput_vs_latency(df: pd.DataFrame):
                                 label=legend.label(series)).opts(size=8, tools=["hover"], hover_tooltips=hover))
     return hv.Overlay(parts).opts(
         title="Throughput vs latency (one point per batch size)", xlabel=f"TPOT ({prefix}s)",
-        ylabel="output tokens/s", width=700, height=380, legend_labels=legend.names, show_grid=True,
-        **LEGEND_BESIDE)
+        ylabel="output tokens/s", width=700, height=380, **legend.opts(width=False), show_grid=True,
+        **OVERLAY_LEGEND)
 
 
 def roofline_points(df: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, hv_bokeh, width_with_legend
+from ._common import OVERLAY_LEGEND, hv_bokeh, width_with_legend
 
 __all__ = ["perf_report", "speedup_bars"]
 
@@ -48,7 +48,7 @@ def perf_report(rows: pd.DataFrame, *, x: str | None = None, metric: str = "flop
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title=f"Achieved {unit} against {x.removeprefix('dim_')} (red crosses: outside tolerance)",
                         xlabel=x.removeprefix("dim_"), ylabel=unit, width=width_with_legend(ok["series"].unique()),
-                        height=380, show_grid=True, **LEGEND_BESIDE))
+                        height=380, show_grid=True, **OVERLAY_LEGEND))
 
 
 def speedup_bars(table: pd.DataFrame):
@@ -70,4 +70,4 @@ def speedup_bars(table: pd.DataFrame):
     return (bars * errors * line).opts(
         hv.opts.Overlay(title="Speedup over the reference (whiskers: 95 % CI; incorrect impls are never faster)",
                         ylabel="speedup (x)", xlabel="impl, dtype, shape", width=width_with_legend(rows["verdict"].unique()),
-                        height=400, show_grid=True, **LEGEND_BESIDE))
+                        height=400, show_grid=True, **OVERLAY_LEGEND))

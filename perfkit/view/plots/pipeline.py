@@ -14,7 +14,7 @@ import pandas as pd
 
 from perfkit.analyse.pipeline_bubble import WORKLOAD_KEYS, bubble_table
 
-from ._common import LEGEND_BESIDE, hv_bokeh, width_with_legend
+from ._common import OVERLAY_LEGEND, hv_bokeh, width_with_legend
 
 __all__ = ["bubble_vs_microbatches"]
 
@@ -63,5 +63,5 @@ def bubble_vs_microbatches(df: pd.DataFrame):
         hv.opts.Curve(ylabel="bubble (% of the pipeline step)"),
         hv.opts.Overlay(title="Pipeline bubble (points: measured; dashed: (p−1)/(v·m+p−1))",
                         xlabel="microbatches per step", ylabel="bubble (% of the pipeline step)",
-                        logx=True, width=width_with_legend(elements), height=400, **LEGEND_BESIDE,
+                        logx=True, width=width_with_legend(elements), height=400, **OVERLAY_LEGEND,
                         show_grid=True))

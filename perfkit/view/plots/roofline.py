@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.errors import BadInputError
-from ._common import LEGEND_BESIDE, display_scale, format_si, hv_bokeh, ok_rows, roof_labels
+from ._common import OVERLAY_LEGEND, display_scale, format_si, hv_bokeh, ok_rows, roof_labels
 
 __all__ = ["roofline", "roofline_static", "roofline_section"]
 
@@ -264,8 +264,8 @@ def _overlays(points, ceilings, trajectory_by, widget_dim, title) -> tuple[dict,
         out[key] = hv.Overlay(parts).opts(
             hv.opts.Overlay(title=heading, xlabel="arithmetic intensity (FLOP/byte)",
                             ylabel=f"achieved {unit}", logx=True, logy=True, xlim=xlim,
-                            ylim=ylim, width=1000, height=500, show_grid=True, legend_limit=200,
-                            **LEGEND_BESIDE))
+                            ylim=ylim, width=1000, height=500, show_grid=True,
+                            **OVERLAY_LEGEND))
     return out, dim
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, whole, display_scale, hv_bokeh, ok_rows, width_with_legend
+from ._common import LEGEND_BESIDE, OVERLAY_LEGEND, whole, display_scale, hv_bokeh, ok_rows, width_with_legend
 
 __all__ = ["efficiency_vs_world_size", "throughput_vs_world_size", "breakdown_bars",
            "scaling_section", "prediction_section", "prediction_breakdown"]
@@ -101,7 +101,7 @@ def efficiency_vs_world_size(df: pd.DataFrame, *, baselines: Sequence[str] = ("n
         hv.opts.Overlay(title="Scaling efficiency (dashed: ideal 1.0; hollow: noisy)",
                         xlabel="world size (ranks)", ylabel="efficiency", ylim=(0, max(tops) * 1.15),
                         xticks=_world_ticks(rows), xlim=_world_lim(rows),
-                        width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))
+                        width=width_with_legend(elements), height=400, **OVERLAY_LEGEND, show_grid=True))
 
 
 def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
@@ -141,7 +141,7 @@ def throughput_vs_world_size(df: pd.DataFrame, *, baseline: str = "none",
         hv.opts.Overlay(title=f"Throughput (dashed: ideal N·X(1), X(1) {_BASELINES.get(baseline, baseline)})",
                         xlabel="world size (ranks)", ylabel=f"throughput ({unit})", width=width_with_legend(elements),
                         xticks=_world_ticks(rows), xlim=_world_lim(rows),
-                        height=400, **LEGEND_BESIDE, show_grid=True))
+                        height=400, **OVERLAY_LEGEND, show_grid=True))
 
 
 def breakdown_bars(df: pd.DataFrame, *, series: Sequence[str] = ("parallelism",)):
@@ -254,7 +254,7 @@ def prediction_section(rows: pd.DataFrame, all_rows: pd.DataFrame | None = None)
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Predicted step time (dashed, hollow: perfkit predict; diamonds: measured at the same point)",
                         xlabel="world size (ranks)", ylabel="step time (ms)", logx=True, xticks=_world_ticks(rows),
-                        width=width_with_legend(elements), height=400, **LEGEND_BESIDE, show_grid=True))
+                        width=width_with_legend(elements), height=400, **OVERLAY_LEGEND, show_grid=True))
 
 
 def prediction_breakdown(rows: pd.DataFrame):

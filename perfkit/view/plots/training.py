@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ._common import LEGEND_BESIDE, Legend, display_scale, hv_bokeh, ok_rows, whole
+from ._common import OVERLAY_LEGEND, Legend, display_scale, hv_bokeh, ok_rows, whole
 
 __all__ = ["throughput_vs_batch", "memory_vs_batch", "activations_vs_batch", "mfu_vs_batch", "training_summary",
            "training_section"]
@@ -155,7 +155,7 @@ def throughput_vs_batch(df: pd.DataFrame, metric: str = "samples_per_s"):
     return hv.Overlay(elements).opts(
         hv.opts.Overlay(title="Training throughput (hollow: noisy; ×: out of memory)",
                         xlabel="global batch size", ylabel=f"{prefix}{unit_name}", logx=True,
-                        **legend.opts(["out of memory"]), height=400, **LEGEND_BESIDE,
+                        **legend.opts(["out of memory"]), height=400, **OVERLAY_LEGEND,
                         show_grid=True, padding=0.08))  # every point inside the frame
 
 
@@ -177,7 +177,7 @@ def memory_vs_batch(df: pd.DataFrame):
         hv.opts.Overlay(title="Peak memory per rank", xlabel="global batch size",
                         ylabel=f"peak memory ({prefix}B)", logx=True,
                         **legend.opts(), height=360,
-                        **LEGEND_BESIDE, show_grid=True, padding=0.08))
+                        **OVERLAY_LEGEND, show_grid=True, padding=0.08))
 
 
 def activations_vs_batch(df: pd.DataFrame):
@@ -206,7 +206,7 @@ def activations_vs_batch(df: pd.DataFrame):
         hv.opts.Curve(ylabel=ylabel), hv.opts.Scatter(ylabel=ylabel),
         hv.opts.Overlay(title="Saved activations per rank (solid: measured on the warm-up step; "
                               "dashed: memory model)", xlabel="global batch size", ylabel=ylabel,
-                        logx=True, **legend.opts(), height=360, **LEGEND_BESIDE,
+                        logx=True, **legend.opts(), height=360, **OVERLAY_LEGEND,
                         show_grid=True, padding=0.08))  # every point inside the frame
 
 
@@ -243,7 +243,7 @@ def mfu_vs_batch(df: pd.DataFrame):
         hv.opts.Overlay(title="MFU (analytic model FLOP) and counted-FLOP utilisation",
                         xlabel="global batch size", ylabel=ylabel, logx=True,
                         **legend.opts(),
-                        height=360, **LEGEND_BESIDE, show_grid=True, padding=0.08))
+                        height=360, **OVERLAY_LEGEND, show_grid=True, padding=0.08))
 
 
 def training_summary(df: pd.DataFrame):
