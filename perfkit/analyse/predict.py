@@ -271,7 +271,8 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
                "; gathers and reduce-scatters on streams of their own")
             + ("; a CPU step: each collective blocks the thread that issued it (FSDP2's async_op=False), none "
                "overlaps compute" if blocking else ""),
-            "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard)"]
+            "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard: a bandwidth-bound "
+            "update; a small model's optimizer is bound by its per-tensor dispatch, which does not shrink)"]
 
 
 def _tp(e: _Editor, facts: ModelFacts, t: int, net: NetworkModel) -> list[str]:
