@@ -34,15 +34,15 @@ class Legend:
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
+        """Element label → the name shown."""
+        self._labels: dict[str, str] = {}
 
     def label(self, name: str) -> str:
         """The element label standing for ``name`` (the same one each time it is asked)."""
-        for key, known in self.names.items():
-            if known == name:
-                return key
-        key = f"s{len(self.names)}"
-        self.names[key] = name
-        return key
+        if name not in self._labels:
+            self._labels[name] = f"s{len(self._labels)}"
+            self.names[self._labels[name]] = name
+        return self._labels[name]
 
     @staticmethod
     def shown(overlay, element) -> str:
