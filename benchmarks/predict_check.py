@@ -12,8 +12,9 @@ like: the slowest rank's traced step), for two models:
 ZeRO-3 is predicted from a one-rank ZeRO-3 (FSDP2) step where there is one, else from the plain
 step. The one-rank configurations run on one rank's share of the cores (half of them, by affinity:
 each of the 2 ranks computes with one thread of two cores), since weak scaling keeps a rank's
-compute as the base's; ``perfkit predict`` says where a base had another share. Prints each prediction, its measured point and the error, and the load; with ``--reps N``
-the whole measurement N times over (fresh sweeps each time), then each error's min, median and max.
+compute as the base's; ``perfkit predict`` says where a base had another share. Prints how much two
+processes computing at once slow each other here, each prediction, its measured point and the
+error, and the load; with ``--reps N`` the whole measurement N times over (fresh sweeps each time), then each error's min, median and max.
 Leave the machine otherwise idle: the ranks share its cores.
 
     python benchmarks/predict_check.py [--out DIR] [--reps N]
@@ -71,7 +72,8 @@ def _once(out: Path) -> dict[tuple[str, str], float]:
             spec.write_text(yaml.safe_dump({"notebook": str(REPO / "notebooks" / "train_step.ipynb"),
                                             "parameters": {**model, **_PROFILE},
                                             "configs": [c for c in _CONFIGS if c["world_size"] == ranks]}))
-            _perfkit("sweep", str(spec), "--out", str(out / name), "--quiet", cpus=_rank_share(2) if ranks == 1 else None)
+            _perfkit("sweep", str(spec), "--out", str(out / name), "--quiet",
+                     cpus=_rank_share(max(c["world_size"] for c in _CONFIGS)) if ranks == 1 else None)
         result = json.loads(_perfkit("predict", str(out / name), "--network", str(net), "--world-sizes", "2",
                                      "--blocks", "4" if name == "device_like" else "2", "--json").stdout)
         for p in result["predictions"]:
@@ -114,13 +116,15 @@ def _sharing() -> None:
         return
     for kind in ("matmul", "memory"):
         out = ctx.Queue()
-        procs = [ctx.Process(target=_rate, args=(cpus[0], kind, out))]
-        procs[0].start(), procs[0].join()
-        alone = out.get()
-        procs = [ctx.Process(target=_rate, args=(c, kind, out)) for c in cpus]
-        [p.start() for p in procs]
-        [p.join() for p in procs]
-        together = [out.get() for _ in procs]
+        rates = []
+        for group in ([cpus[0]], cpus):  # one process alone, then one on each core at once
+            procs = [ctx.Process(target=_rate, args=(c, kind, out)) for c in group]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+            rates.append([out.get() for _ in procs])
+        (alone,), together = rates
         print(f"  {kind:<7} two processes at once: the slower took {alone / min(together):.2f}x as long as one alone")
 
 

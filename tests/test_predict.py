@@ -235,8 +235,10 @@ def test_zero3_on_a_cpu_step_waits_for_every_collective_and_on_a_device_overlaps
     p = what_if(g, layout="zero3", world_size=2, network=_net_from(5e-3, 1e8), facts=facts)
     assert p.collectives == 8 and p.comm_s > 0.04
     # All but the host's Python time between two ops, where the hook that issues each one runs
-    # (under a millisecond in all; the prefetch overlapped a unit's compute with each gather).
-    assert p.exposed_comm_s > p.comm_s - 0.002
+    # (about a millisecond in all, more under load; the prefetch overlapped a unit's compute with
+    # each gather: 12 of 42 ms hidden).
+    between_ops_s = sum(g.idle_us.values()) / 1e6
+    assert between_ops_s < 0.2 * p.comm_s and p.exposed_comm_s >= p.comm_s - between_ops_s
     assert any("blocks the thread that issued it" in a for a in p.assumptions)
     _need(H200_TRACE)
     d = what_if(step_graphs(H200_TRACE)[0], layout="zero3", world_size=8, network=_net_from(5e-6, 1e11),

@@ -226,8 +226,10 @@ def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes,
         measured_base = base.row.get("step_time_s")
         for p in world_sizes:
             pred = median_prediction([what_if(g, layout=layout, world_size=p, network=network, facts=facts) for g in gs])
-            unprofiled = _measured(rows, base.row, layout, p, per_rank)
-            traced = [traced_ms[key] / 1e3 for key in _at_point(traced_rows, base.row, layout, p, per_rank).index]
+            here = _at_point(rows, base.row, layout, p, per_rank)  # the configurations measured at this point
+            targets = list(_at_point(traced_rows, base.row, layout, p, per_rank).index)  # those traced
+            unprofiled = _measured(here)
+            traced = [traced_ms[key] / 1e3 for key in targets]
             # Like with like: the base's graph ran under the profiler, so a target traced too is the check.
             measured = statistics.median(traced) if traced else unprofiled
             out = _entry(pred, f"{base.config_id}/{base.run}", measured, network.extrapolation(p))
@@ -235,14 +237,13 @@ def _data_parallel(rows, directory, layouts, world_sizes, network, check, notes,
             out["message_sizes"] = pred.detail.get("message_sizes", [])
             out["measured_under_profiler"] = bool(traced)
             out["measured_unprofiled_ms"] = unprofiled * 1e3 if unprofiled else None
-            targets = list(_at_point(traced_rows, base.row, layout, p, per_rank).index)
             out["measured_comm_ms"] = _measured_comm_ms([graphs[(c, r, 0)] for c, r in targets])
             if out["measured_comm_ms"] and out["comm_ms"] and out["measured_comm_ms"] > 1.5 * out["comm_ms"]:
                 notes.append(f"{layout} at {p} ranks: the traced step's collectives took {out['measured_comm_ms']:.2f} ms, "
                              f"{out['measured_comm_ms'] / out['comm_ms']:.1f}x what the network costs them "
                              f"({out['comm_ms']:.2f} ms): the standalone measurement misses their cost inside the step "
                              "(a collective waiting for the slower rank, its threads sharing the ranks' cores, copies)")
-            share = _thread_share_note(base.row, _at_point(rows, base.row, layout, p, per_rank), layout, p)
+            share = _thread_share_note(base.row, here, layout, p)
             if share and share not in notes:
                 notes.append(share)
             if not measured:
@@ -345,8 +346,8 @@ def _at_point(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: flo
                 & (same["batch_size"] == _batch(layout, per_rank, p))]
 
 
-def _measured(rows: pd.DataFrame, base: dict, layout: str, p: int, per_rank: float) -> float | None:
-    hit = _at_point(rows, base, layout, p, per_rank)
+def _measured(hit: pd.DataFrame) -> float | None:
+    """The median unprofiled step of the ok rows of one point (:func:`_at_point`)."""
     if "step_time_s" not in hit:
         return None
     hit = hit[hit["step_time_s"].notna()]
