@@ -124,11 +124,11 @@ triton: venv
 # it runs from a small venv of its own: HolisticTraceAnalysis without its notebook dependencies
 # (jupyterlab, pytest) and what its analysis imports, ~5 s with uv. If it cannot be built, that one
 # test skips and says why. benchmarks/trace_analysis_speed.py runs perfkit's trace reader in it too
-# (beside HTA, one interpreter), hence msgspec.
+# (beside HTA, one interpreter), hence msgspec and isal.
 HTA_VENV := .venv-hta
-HTA_DEPS := "pandas<3" numpy networkx plotly pydot psutil pyyaml msgspec
+HTA_DEPS := "pandas<3" numpy networkx plotly pydot psutil pyyaml msgspec isal
 hta: $(HTA_VENV)/.ok
-$(HTA_VENV)/.ok: | $(STAMP)
+$(HTA_VENV)/.ok: Makefile | $(STAMP)  # HTA_DEPS are listed here
 	@rm -rf $(HTA_VENV) && $(PYTHON) -m venv $(HTA_VENV) && \
 	if [ -x $(VENV)/bin/uv ]; then install="$(VENV)/bin/uv pip install -q --python $(HTA_VENV)/bin/python $$($(PY) .ci/pip_sources.py)"; \
 	else install="$(HTA_VENV)/bin/python -m pip install -q --disable-pip-version-check"; fi; \

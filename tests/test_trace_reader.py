@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,13 @@ def test_a_bad_value_in_a_run_is_named_by_its_index(tmp_path):
         read_trace(path)
 
 
-def test_gzip_members_are_read_in_turn_and_a_cut_file_is_bad_input(tmp_path):
+#: The inflaters the reader can use: ISA-L's where its wheel is installed (a dependency), else zlib.
+INFLATERS = {"zlib": zlib, "isal": pytest.importorskip("isal.isal_zlib", reason="isal is a dependency: make installs it")}
+
+
+@pytest.mark.parametrize("inflater", list(INFLATERS))
+def test_gzip_members_are_read_in_turn_and_a_cut_or_corrupt_file_is_bad_input(tmp_path, monkeypatch, inflater):
+    monkeypatch.setattr(json_source, "_inflating", INFLATERS[inflater])
     text = json.dumps({"traceEvents": [_event(i) for i in range(300)]}, indent=1).encode()
     half = len(text) // 2
     two = tmp_path / "two.json.gz"
@@ -151,6 +158,20 @@ def test_gzip_members_are_read_in_turn_and_a_cut_file_is_bad_input(tmp_path):
     assert len(read_trace(two)) == 300
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(gzip.compress(text)[:-100])
-    with pytest.raises(BadInputError, match="not a readable JSON trace") as err:
-        read_trace(cut)
-    assert "\n" not in str(err.value)
+    corrupt = bytearray(gzip.compress(text))
+    corrupt[-6] ^= 0xFF  # the member's CRC-32 no longer matches its text
+    (tmp_path / "corrupt.json.gz").write_bytes(corrupt)
+    for bad in (cut, tmp_path / "corrupt.json.gz"):
+        with pytest.raises(BadInputError, match="not a readable JSON trace") as err:
+            read_trace(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_isal_inflates_a_real_trace_to_the_same_events_as_zlib(monkeypatch):
+    path = SHARED / LAYOUTS["recompute spans"]
+    if not path.exists():
+        pytest.skip(f"{path} is absent (the shared reference corpus)")
+    assert json_source._inflating is INFLATERS["isal"]  # the reader's default where isal is installed
+    fast = read_trace(path, op_args=True)
+    monkeypatch.setattr(json_source, "_inflating", zlib)
+    _same(fast, read_trace(path, op_args=True))
