@@ -272,7 +272,9 @@ def _zero3(e: _Editor, facts: ModelFacts, p: int, net: NetworkModel) -> list[str
             + ("; a CPU step: each collective blocks the thread that issued it (FSDP2's async_op=False), none "
                "overlaps compute" if blocking else ""),
             "ZeRO-3: the optimizer's compute scaled by 1/world size (each rank updates its shard: a bandwidth-bound "
-            "update; a small model's optimizer is bound by its per-tensor dispatch, which does not shrink)"]
+            "update; a small model's optimizer is bound by its per-tensor dispatch, which does not shrink)",
+            "ZeRO-3: FSDP2's own work around each collective (copying shards into the gather's buffer and out of it, "
+            "its Python hooks) is not added: a one-rank base has none of it (FSDP2 gathers nothing at world size 1)"]
 
 
 def _tp(e: _Editor, facts: ModelFacts, t: int, net: NetworkModel) -> list[str]:
