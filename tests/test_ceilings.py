@@ -224,6 +224,7 @@ def test_a_failed_build_raises_and_never_falls_back_to_torch_ops(tmp_path, monke
         measure_bandwidth_curve("cpu", max_working_set_bytes=64 * KiB)
 
 
+@pytest.mark.slow  # a bandwidth curve measured over its sizes: 2.5 s each
 @pytest.mark.parametrize("backend", ["cpp", "torch"])
 def test_bandwidth_curve_counts_stream_bytes_and_is_positive(ext, backend):
     curve = measure_bandwidth_curve("cpu", quick=False, backend=backend, min_working_set_bytes=32 * KiB,

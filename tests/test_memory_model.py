@@ -171,6 +171,7 @@ def test_predicted_max_batch_is_the_edge_of_the_budget():
     assert mm.predicted_max_batch(cfg, mm.optimizer_peak_bytes(cfg) - 1, multiple_of=2) is None  # the optimizer's peak does not fit
 
 
+@pytest.mark.slow  # a real training step of the search, under a tracked memory budget: 3 s
 def test_find_max_batch_size_reports_the_predicted_edge_beside_the_measured_one():
     cfg = TrainConfig(model="mlp", steps=1, warmup_steps=0)
     found = find_max_batch_size(cfg, start=8, limit=8, memory_budget_bytes=2**24)

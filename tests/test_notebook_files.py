@@ -107,6 +107,7 @@ shell.run_cell("from perfkit.view.display import hv_bokeh; hv = hv_bokeh(); "
 """
 
 
+@pytest.mark.slow  # a process of its own importing holoviews: 2.8 s each
 @pytest.mark.parametrize("context, expected", [(None, "TABLE"), ('{"results_path": "x.parquet", "config_id": "c"}',
                                                                  "PLAIN")], ids=["interactive", "executed"])
 def test_param_docstring_tables_only_where_someone_can_ask_for_them(context, expected, tmp_path):

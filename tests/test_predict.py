@@ -285,6 +285,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "perfkit.cli", "predict", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.slow  # `perfkit predict` in a process of its own over the H200 trace: 3 s
 def test_the_h200_llama_step_predicted_at_8_16_64_ranks_on_an_h100_cluster():
     _need(H200_TRACE)
     _need(H100_TABLE)

@@ -254,6 +254,7 @@ def test_pipeline_parallelism_runs_through_the_notebook(tmp_path):
     assert row["param_bytes"] == row["param_bytes_predicted"] and len(row["peak_mem_bytes_per_rank"]) == 2
 
 
+@pytest.mark.slow  # `perfkit sweep --dry-run` in a process of its own, every configuration validated: 2.5-3 s
 @pytest.mark.parametrize("template, n, pp", [("parallelism.yaml", 18, 3), ("pipeline.yaml", 10, 10)])
 def test_parallelism_templates_validate_in_a_dry_run(tmp_path, template, n, pp):
     out = subprocess.run([sys.executable, "-m", "perfkit.cli", "sweep", str(REPO / "templates" / template),
