@@ -93,7 +93,7 @@ test: venv browser hta triton
 # The inner loop: no kernels, no ranks, no Slurm, no browser (those are marked slow), in ~2 minutes.
 # Its tests compute rather than wait, so one worker a core: on 2 cores, 102-130 s with 2 workers
 # against 129-137 s with 4 (each worker also collects the whole suite, ~6 s of CPU).
-FAST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null || echo 2)
+FAST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test-fast: venv hta
 	@$(COMPILE_OWN)
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider -n $(FAST_WORKERS) --durations=10

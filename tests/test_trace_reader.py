@@ -168,10 +168,11 @@ def test_gzip_members_are_read_in_turn_and_a_cut_or_corrupt_file_is_bad_input(tm
     assert len(read_trace(two)) == 300
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(gzip.compress(text)[:-100])
-    corrupt = bytearray(gzip.compress(text))
-    corrupt[-6] ^= 0xFF  # the member's CRC-32 no longer matches its text
-    (tmp_path / "corrupt.json.gz").write_bytes(corrupt)
-    for bad in (cut, tmp_path / "corrupt.json.gz"):
+    flipped = bytearray(gzip.compress(text))
+    flipped[-6] ^= 0xFF  # in the member's CRC-32 (its last 8 bytes: CRC, size): no longer its text's
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(flipped)
+    for bad in (cut, corrupt):
         with pytest.raises(BadInputError, match="not a readable JSON trace") as err:
             read_trace(bad)
         assert "\n" not in str(err.value)

@@ -75,7 +75,7 @@ class JsonSource:
         while not self.eof and len(self.buf) - self.pos < min_ahead:
             try:
                 chunk = next(self._chunks)
-            except (OSError, EOFError, zlib.error, _inflating.error) as err:
+            except (OSError, EOFError, _inflating.error) as err:
                 raise BadInputError(f"{self.path}: not a readable JSON trace ({err})") from None
             self.eof = not chunk
             self.buf += chunk
