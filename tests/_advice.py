@@ -6,6 +6,7 @@ constraints: pipeline, scaling, collectives, data loading)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from perfkit.core.results import RunContext, record
@@ -21,10 +22,12 @@ def record_as(rows, folder: Path, *, notebook: str, params: dict, config_id: str
 
 
 def advise_json(folder: Path, *args: str) -> list[dict]:
-    """``perfkit advise FOLDER --json FILE`` (exit 0 required): its findings."""
-    out = folder.parent / f"{folder.name}-advice.json"
-    assert main(["advise", str(folder), "--json", str(out), *args]) == 0
-    return json.loads(out.read_text())["findings"]
+    """``perfkit advise FOLDER --json FILE`` (exit 0 required): its findings. FILE is a temporary
+    one, never beside the folder: that may be the shared reference data, read in place."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "advice.json"
+        assert main(["advise", str(folder), "--json", str(out), *args]) == 0
+        return json.loads(out.read_text())["findings"]
 
 
 def top(findings: list[dict]) -> dict:
